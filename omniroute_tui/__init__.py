@@ -1,0 +1,1 @@
+"""omniroute-tui: the operator console and the command line."""
