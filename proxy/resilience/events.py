@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -46,8 +47,8 @@ class EventBus:
     """Synchronous fan-out plus a ring of the most recent events.
 
     Subscribers run inline on the publishing thread, so they must be cheap (append to a queue,
-    set a dirty flag). A subscriber that raises is dropped from nothing and breaks nothing: the
-    error is swallowed so one bad observer cannot stall the request path.
+    set a dirty flag). A subscriber that raises breaks nothing: the error is swallowed so one
+    bad observer cannot stall the request path.
     """
 
     def __init__(self, capacity: int = 1000) -> None:
@@ -68,16 +69,14 @@ class EventBus:
 
         return unsubscribe
 
-    def publish(self, event: Event) -> Event:
+    def publish(self, event: Event) -> None:
         self._seq += 1
         stamped = replace(event, seq=self._seq)
         self._ring.append(stamped)
         for subscriber in tuple(self._subscribers):
-            try:
+            # An observer must never break the request path.
+            with suppress(Exception):
                 subscriber(stamped)
-            except Exception:  # an observer must never break the request path
-                pass
-        return stamped
 
     def publish_all(self, events: list[Event]) -> None:
         for event in events:

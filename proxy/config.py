@@ -1,0 +1,710 @@
+"""The config file (`config.toml`) read into frozen dataclasses, or the embedded default.
+
+The program only reads this file (`omniroute config init` writes a starter). A bad file must stop the
+program with one clear message, never a traceback: every problem is collected in one pass and
+reported together, each line naming the file and the dotted key (or the line, for TOML syntax
+errors), so the operator can fix them all at once.
+
+Schema (surface.md §1): `[server]`, `[providers.<id>]` with `[[providers.<id>.connections]]`,
+`[[providers.<id>.restate]]` and `[providers.<id>.headers]`, and `[combos.<name>]`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import platformdirs
+
+from proxy.resilience.outcome import ProviderClass
+from proxy.resilience.restate import RestatementRule, rule_from_config
+
+ComboStrategy = Literal["priority", "round-robin"]
+
+BUILTIN_LOCAL_PROVIDERS: dict[str, str] = {
+    "ollama": "http://localhost:11434/v1",
+    "lmstudio": "http://localhost:1234/v1",
+    "llamacpp": "http://127.0.0.1:8080/v1",
+    "vllm": "http://localhost:8000/v1",
+}
+
+MANAGEMENT_TOKEN_ENV = "OMNIROUTE_MANAGEMENT_TOKEN"
+CONFIG_PATH_ENV = "OMNIROUTE_CONFIG"
+STATE_PATH_ENV = "OMNIROUTE_STATE"
+
+# Ids end up in URLs (/api/resilience/connections/{id}/reset), in `provider/model` targets and in
+# `provider:connection:model` lockout keys, so '/', ':' and whitespace are kept out of them.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_TOML_ERROR_RE = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
+_CLASS_CHOICES: tuple[ProviderClass, ...] = ("local", "apikey", "oauth")
+_STRATEGIES: tuple[ComboStrategy, ...] = ("priority", "round-robin")
+_TIMEOUT_RANGE = (1, 3_600_000)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionConfig:
+    id: str
+    provider: str
+    name: str
+    api_key: str | None = field(repr=False)
+    """The resolved key: the inline `api_key`, or the value of `api_key_env` (None when unset)."""
+    api_key_env: str | None
+    priority: int = 100
+    max_concurrent: int | None = None
+    enabled: bool = True
+    disable_cooling: bool = False
+
+    def fingerprint(self) -> str:
+        """A short digest of the resolved key: the engine compares it with the stored one to notice a changed
+        credential (which lifts a terminal state) without ever persisting the key itself."""
+        return hashlib.sha256((self.api_key or "").encode()).hexdigest()[:16]
+
+    def masked_key(self) -> str | None:
+        """`sk-…abcd` for display. Shorter keys show less, so a mask never reveals most of a key."""
+        key = self.api_key
+        if not key:
+            return None
+        if len(key) >= 12:
+            return f"{key[:3]}…{key[-4:]}"
+        if len(key) >= 5:
+            return f"…{key[-2:]}"
+        return "…"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    id: str
+    provider_class: ProviderClass
+    base_url: str
+    """http(s) URL without a trailing slash."""
+    connections: tuple[ConnectionConfig, ...]
+    per_model_quota: bool
+    rate_limit: bool | None
+    """None: follow `requestQueue.autoEnableApiKeyProviders`."""
+    restate: tuple[RestatementRule, ...]
+    """The file's rules only; `restate.rules_for(id, restate)` adds the built-ins."""
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ComboConfig:
+    name: str
+    strategy: ComboStrategy
+    targets: tuple[str, ...]
+    """`provider/model` strings; the provider part names a configured provider."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 20128
+    management_token: str | None = field(default=None, repr=False)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    default_combo: str | None = None
+    connect_timeout_ms: int = 10_000
+    first_byte_timeout_ms: int = 120_000
+    idle_timeout_ms: int = 120_000
+
+    def bind_refusal(self, host: str | None = None) -> str | None:
+        """Why binding `host` (default: the configured one) must be refused, or None when it is safe.
+
+        A non-loopback bind exposes the proxy and its management API, so it needs both a management token
+        and client api_keys (quality.md §4)."""
+        host = self.host if host is None else host
+        if is_loopback_host(host) or (self.management_token and self.api_keys):
+            return None
+        return (
+            f"refusing to listen on {host}: a non-loopback address needs server.management_token "
+            f"(or {MANAGEMENT_TOKEN_ENV}) and server.api_keys"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig
+    providers: Mapping[str, ProviderConfig]
+    combos: Mapping[str, ComboConfig]
+    source: Path | None
+    """The file read, or None for the embedded default."""
+    warnings: tuple[str, ...] = ()
+    _by_id: Mapping[str, ConnectionConfig] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_id = {c.id: c for p in self.providers.values() for c in p.connections}
+        object.__setattr__(self, "_by_id", MappingProxyType(by_id))
+
+    def connection(self, connection_id: str) -> ConnectionConfig | None:
+        return self._by_id.get(connection_id)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used. `str()` is the whole message, one problem per line."""
+
+    def __init__(self, path: Path | None, problems: Sequence[str]) -> None:
+        self.path = path
+        self.problems = tuple(problems)
+        prefix = f"{path}: " if path is not None else ""
+        super().__init__("\n".join(prefix + p for p in self.problems))
+
+
+def is_loopback_host(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# --- paths ---------------------------------------------------------------------------------------
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir("omniroute")) / "config.toml"
+
+
+def default_state_path() -> Path:
+    return Path(platformdirs.user_data_dir("omniroute")) / "state.db"
+
+
+def resolve_config_path(cli: str | None, env: Mapping[str, str]) -> Path:
+    """`--config` > `OMNIROUTE_CONFIG` > the platform default. The first two count as explicit."""
+    given = cli or env.get(CONFIG_PATH_ENV)
+    return Path(given).expanduser() if given else default_config_path()
+
+
+def resolve_state_path(cli: str | None, env: Mapping[str, str]) -> Path:
+    """`--state` > `OMNIROUTE_STATE` > the platform default."""
+    given = cli or env.get(STATE_PATH_ENV)
+    return Path(given).expanduser() if given else default_state_path()
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def embedded_default() -> Config:
+    """What runs without a config file: the built-in local servers, one keyless connection each."""
+    providers = {
+        pid: ProviderConfig(
+            id=pid,
+            provider_class="local",
+            base_url=url,
+            connections=(
+                ConnectionConfig(
+                    id=f"{pid}-1", provider=pid, name=f"{pid}-1", api_key=None, api_key_env=None
+                ),
+            ),
+            per_model_quota=True,
+            rate_limit=None,
+            restate=(),
+            headers=MappingProxyType({}),
+        )
+        for pid, url in BUILTIN_LOCAL_PROVIDERS.items()
+    }
+    return Config(ServerConfig(), MappingProxyType(providers), MappingProxyType({}), source=None)
+
+
+def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, explicit: bool = False) -> Config:
+    """Read the config file at `path`, or fall back to the embedded default.
+
+    `explicit` says the path came from `--config` or `OMNIROUTE_CONFIG` (use `resolve_config_path`'s rule:
+    `explicit = bool(cli or env.get("OMNIROUTE_CONFIG"))`). A missing default file means "run on the embedded
+    default"; a missing explicit file is an error. `env` resolves `api_key_env` and
+    `OMNIROUTE_MANAGEMENT_TOKEN` (which wins over the file). Raises ConfigError naming every problem.
+    """
+    if path is None or (not explicit and not path.exists()):
+        config = embedded_default()
+        return replace(config, server=_with_env_token(config.server, env))
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(path, ["no such file"]) from None
+    except IsADirectoryError:
+        raise ConfigError(path, ["is a directory, not a config file"]) from None
+    except OSError as e:
+        raise ConfigError(path, [f"cannot read: {e.strerror or e}"]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(path, [f"line {line}: not UTF-8 text (byte {e.start})"]) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, [_toml_error(str(e))]) from None
+    reader = _Reader(env)
+    config = reader.config(doc, path)
+    if reader.problems:
+        raise ConfigError(path, reader.problems)
+    exposure = _exposure_warnings(config, path, reader.inline_secrets)
+    warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure)]
+    return replace(config, warnings=tuple(warnings))
+
+
+def _toml_error(message: str) -> str:
+    m = _TOML_ERROR_RE.match(message)
+    if m:
+        return f"line {m['line']}: {m['msg']} (column {m['col']}; invalid TOML)"
+    return f"{message} (invalid TOML)"
+
+
+def _with_env_token(server: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
+    token = env.get(MANAGEMENT_TOKEN_ENV)
+    return replace(server, management_token=token) if token else server
+
+
+def _exposure_warnings(config: Config, path: Path, inline_secrets: Sequence[str]) -> list[str]:
+    warnings = []
+    mode = _mode(path)
+    # Windows reports no meaningful group/other bits, so the check would always fire there.
+    if inline_secrets and mode is not None and mode & 0o077 and os.name != "nt":
+        warnings.append(
+            f"holds secrets inline ({', '.join(inline_secrets)}) but others can read it (mode {mode:04o}): "
+            f"run `chmod 600 {path}`, or use api_key_env / {MANAGEMENT_TOKEN_ENV}"
+        )
+    refusal = config.server.bind_refusal()
+    if refusal:
+        warnings.append(f"server.host: {refusal}")
+    return warnings
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return None
+
+
+# --- the reader ----------------------------------------------------------------------------------
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return "a date/time"
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+class _Reader:
+    """Walks the parsed TOML document, building dataclasses and collecting every problem on the way.
+
+    Getters record a problem and return a fallback value instead of raising, so one pass reports
+    everything; `load_config` raises if anything was recorded, so fallback values never escape."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+        self.inline_secrets: list[str] = []
+        """Where the file itself holds a secret (for the file-mode warning)."""
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(f"{key}: {message}")
+
+    # typed getters ---------------------------------------------------------------------------
+
+    def keys(self, table: Mapping[str, Any], where: str, allowed: Sequence[str]) -> None:
+        for name in table:
+            if name not in allowed:
+                close = difflib.get_close_matches(name, allowed, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(allowed)})"
+                self.problem(_join(where, name), f"unknown key{hint}")
+
+    def table(self, value: object, key: str) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        self.problem(key, f"must be a table (got {_kind(value)})")
+        return {}
+
+    def str_(self, t: Mapping[str, Any], where: str, name: str, *, required: bool = False) -> str | None:
+        key = _join(where, name)
+        if name not in t:
+            if required:
+                self.problem(key, "missing (required)")
+            return None
+        value = t[name]
+        if not isinstance(value, str):
+            self.problem(key, f"must be a string (got {_kind(value)})")
+            return None
+        if not value.strip():
+            self.problem(key, "must not be empty")
+            return None
+        return value
+
+    def int_(self, t: Mapping[str, Any], where: str, name: str, default: int, lo: int, hi: int) -> int:
+        value = t.get(name, default)
+        if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
+            return value
+        got = value if isinstance(value, int) and not isinstance(value, bool) else _kind(value)
+        self.problem(_join(where, name), f"must be an integer between {lo:,} and {hi:,} (got {got})")
+        return default
+
+    def bool_(self, t: Mapping[str, Any], where: str, name: str, default: bool) -> bool:
+        value = t.get(name, default)
+        if isinstance(value, bool):
+            return value
+        self.problem(_join(where, name), f"must be true or false (got {_kind(value)})")
+        return default
+
+    def str_list(self, t: Mapping[str, Any], where: str, name: str) -> tuple[str, ...]:
+        key = _join(where, name)
+        value = t.get(name, [])
+        if not isinstance(value, list):
+            self.problem(key, f"must be an array of strings (got {_kind(value)})")
+            return ()
+        items: list[str] = []
+        for i, item in enumerate(value):
+            if isinstance(item, str) and item.strip():
+                items.append(item)
+            else:
+                what = "an empty string" if isinstance(item, str) else _kind(item)
+                self.problem(f"{key}[{i}]", f"must be a non-empty string (got {what})")
+        return tuple(items)
+
+    def ident(self, value: str, key: str, what: str) -> None:
+        if not _ID_RE.fullmatch(value):
+            self.problem(
+                key,
+                f"{what} '{value}' must start with a letter or digit "
+                "and use only letters, digits, '.', '_' and '-'",
+            )
+
+    # sections --------------------------------------------------------------------------------
+
+    def config(self, doc: Mapping[str, Any], path: Path) -> Config:
+        self.keys(doc, "", ("server", "providers", "combos"))
+        server_table = self.table(doc.get("server", {}), "server")
+        providers_table = self.table(doc.get("providers", {}), "providers")
+        combos_table = self.table(doc.get("combos", {}), "combos")
+
+        server = self.server(server_table, combos_table)
+        seen_connections: dict[str, str] = {}
+        providers = {pid: self.provider(pid, raw, seen_connections) for pid, raw in providers_table.items()}
+        combos = {name: self.combo(name, raw, providers_table) for name, raw in combos_table.items()}
+        return Config(server, MappingProxyType(providers), MappingProxyType(combos), source=path)
+
+    def server(self, t: Mapping[str, Any], combos: Mapping[str, Any]) -> ServerConfig:
+        w = "server"
+        self.keys(
+            t,
+            w,
+            (
+                "host",
+                "port",
+                "management_token",
+                "api_keys",
+                "default_combo",
+                "connect_timeout_ms",
+                "first_byte_timeout_ms",
+                "idle_timeout_ms",
+            ),
+        )
+        default_combo = self.str_(t, w, "default_combo")
+        if default_combo is not None and default_combo not in combos:
+            known = ", ".join(combos) or "none defined"
+            self.problem(f"{w}.default_combo", f"names unknown combo '{default_combo}' (combos: {known})")
+        d = ServerConfig()  # slotted dataclass: defaults live on an instance, not on the class
+        server = ServerConfig(
+            host=self.str_(t, w, "host") or d.host,
+            port=self.int_(t, w, "port", d.port, 1, 65_535),
+            management_token=self.str_(t, w, "management_token"),
+            api_keys=self.str_list(t, w, "api_keys"),
+            default_combo=default_combo,
+            connect_timeout_ms=self.int_(t, w, "connect_timeout_ms", d.connect_timeout_ms, *_TIMEOUT_RANGE),
+            first_byte_timeout_ms=self.int_(
+                t, w, "first_byte_timeout_ms", d.first_byte_timeout_ms, *_TIMEOUT_RANGE
+            ),
+            idle_timeout_ms=self.int_(t, w, "idle_timeout_ms", d.idle_timeout_ms, *_TIMEOUT_RANGE),
+        )
+        if server.management_token:
+            self.inline_secrets.append("server.management_token")
+        if server.api_keys:
+            self.inline_secrets.append("server.api_keys")
+        return _with_env_token(server, self.env)
+
+    def provider(self, pid: str, raw: object, seen_connections: dict[str, str]) -> ProviderConfig:
+        w = f"providers.{pid}"
+        self.ident(pid, w, "provider id")
+        t = self.table(raw, w)
+        if not isinstance(raw, dict):  # e.g. `providers.x = 3`: say so once, not once per missing key
+            return ProviderConfig(pid, "local", "", (), False, None, (), MappingProxyType({}))
+        self.keys(
+            t, w, ("class", "base_url", "connections", "per_model_quota", "rate_limit", "restate", "headers")
+        )
+        # The built-in local servers need neither `class` nor `base_url`: `[providers.ollama]` plus a
+        # connection is enough, as in the embedded default.
+        builtin_url = BUILTIN_LOCAL_PROVIDERS.get(pid)
+
+        cls: ProviderClass = "local"
+        raw_cls = t.get("class", "local" if builtin_url else None)
+        if raw_cls is None:
+            self.problem(f"{w}.class", "missing (required): one of local, apikey, oauth")
+        elif raw_cls not in _CLASS_CHOICES:
+            self.problem(f"{w}.class", f"must be one of local, apikey, oauth (got {raw_cls!r})")
+        else:
+            cls = raw_cls
+
+        base_url = self.url(t, w) if "base_url" in t or not builtin_url else builtin_url
+        connections = self.connections(t, w, pid, seen_connections)
+        per_model_quota = self.bool_(t, w, "per_model_quota", cls == "local")
+        rate_limit = self.bool_(t, w, "rate_limit", False) if "rate_limit" in t else None
+        return ProviderConfig(
+            id=pid,
+            provider_class=cls,
+            base_url=base_url,
+            connections=connections,
+            per_model_quota=per_model_quota,
+            rate_limit=rate_limit,
+            restate=self.restate(t, w),
+            headers=self.headers(t, w),
+        )
+
+    def url(self, t: Mapping[str, Any], w: str) -> str:
+        value = self.str_(t, w, "base_url", required=True)
+        if value is None:
+            return ""
+        url = value.strip().rstrip("/")
+        try:
+            parts = urlsplit(url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+            ok = ok and not parts.query and not parts.fragment and not any(c.isspace() for c in url)
+        except ValueError:  # a bad port or bracketed host
+            ok = False
+        if not ok:
+            self.problem(
+                f"{w}.base_url",
+                "must be an http:// or https:// URL with a host, e.g. 'http://localhost:11434/v1' "
+                f"(got {value!r})",
+            )
+        return url
+
+    def connections(
+        self, t: Mapping[str, Any], w: str, pid: str, seen: dict[str, str]
+    ) -> tuple[ConnectionConfig, ...]:
+        key = f"{w}.connections"
+        raw = t.get("connections", [])
+        if not isinstance(raw, list):
+            self.problem(key, f"must be an array of tables, [[{key}]] (got {_kind(raw)})")
+            return ()
+        if not raw:
+            self.problem(key, f"a provider needs at least one connection: add a [[{key}]] table with an id")
+        return tuple(self.connection(item, f"{key}[{i}]", pid, seen) for i, item in enumerate(raw))
+
+    def connection(self, raw: object, w: str, pid: str, seen: dict[str, str]) -> ConnectionConfig:
+        t = self.table(raw, w)
+        self.keys(
+            t,
+            w,
+            (
+                "id",
+                "name",
+                "api_key",
+                "api_key_env",
+                "priority",
+                "max_concurrent",
+                "enabled",
+                "disable_cooling",
+            ),
+        )
+        cid = self.str_(t, w, "id", required=True) or ""
+        if cid:
+            self.ident(cid, f"{w}.id", "connection id")
+            if cid in seen:
+                self.problem(f"{w}.id", f"duplicate connection id '{cid}' (already used at {seen[cid]})")
+            else:
+                seen[cid] = f"{w}.id"
+
+        api_key = self.str_(t, w, "api_key")
+        api_key_env = self.str_(t, w, "api_key_env")
+        if api_key_env is not None and not _ENV_NAME_RE.fullmatch(api_key_env):
+            self.problem(f"{w}.api_key_env", f"must be an environment variable name (got {api_key_env!r})")
+        if api_key is not None and api_key_env is not None:
+            self.problem(w, "set api_key or api_key_env, not both")
+        resolved = api_key
+        if api_key is not None:
+            self.inline_secrets.append(f"{w}.api_key")
+        if api_key_env is not None and api_key is None:
+            resolved = self.env.get(api_key_env) or None
+            if resolved is None:
+                self.warnings.append(
+                    f"{w}.api_key_env: {api_key_env} is not set, so connection '{cid}' sends no key"
+                )
+
+        max_concurrent = None
+        if "max_concurrent" in t:
+            max_concurrent = self.int_(t, w, "max_concurrent", 1, 1, 10_000)
+        return ConnectionConfig(
+            id=cid,
+            provider=pid,
+            name=self.str_(t, w, "name") or cid,
+            api_key=resolved,
+            api_key_env=api_key_env,
+            priority=self.int_(t, w, "priority", 100, 0, 1_000_000),
+            max_concurrent=max_concurrent,
+            enabled=self.bool_(t, w, "enabled", True),
+            disable_cooling=self.bool_(t, w, "disable_cooling", False),
+        )
+
+    def restate(self, t: Mapping[str, Any], w: str) -> tuple[RestatementRule, ...]:
+        key = f"{w}.restate"
+        raw = t.get("restate", [])
+        if not isinstance(raw, list):
+            self.problem(key, f"must be an array of tables, [[{key}]] (got {_kind(raw)})")
+            return ()
+        rules = []
+        for i, item in enumerate(raw):
+            rule_key = f"{key}[{i}]"
+            rule = self.table(item, rule_key)
+            before = len(self.problems)
+            self.keys(rule, rule_key, ("id", "from", "to", "markers", "exclude", "retry_after_ms"))
+            if len(self.problems) > before:
+                continue  # rule_from_config would only repeat the unknown-key complaint
+            try:
+                rules.append(rule_from_config(rule))
+            except ValueError as e:
+                self.problem(rule_key, str(e))
+        return tuple(rules)
+
+    def headers(self, t: Mapping[str, Any], w: str) -> Mapping[str, str]:
+        key = f"{w}.headers"
+        raw = self.table(t.get("headers", {}), key)
+        headers = {}
+        for name, value in raw.items():
+            if not _HEADER_NAME_RE.fullmatch(name):
+                self.problem(f"{key}.{name}", "is not a valid HTTP header name")
+            elif not isinstance(value, str):
+                self.problem(f"{key}.{name}", f"must be a string (got {_kind(value)})")
+            elif any(c in value for c in "\r\n\0"):
+                self.problem(f"{key}.{name}", "must not contain line breaks or NUL")
+            else:
+                headers[name] = value
+        return MappingProxyType(headers)
+
+    def combo(self, name: str, raw: object, providers: Mapping[str, Any]) -> ComboConfig:
+        w = f"combos.{name}"
+        self.ident(name, w, "combo name")
+        t = self.table(raw, w)
+        self.keys(t, w, ("strategy", "targets"))
+        strategy: ComboStrategy = "priority"
+        raw_strategy = t.get("strategy", "priority")
+        if raw_strategy in _STRATEGIES:
+            strategy = raw_strategy
+        else:
+            self.problem(f"{w}.strategy", f"must be one of priority, round-robin (got {raw_strategy!r})")
+        if "targets" not in t:
+            self.problem(f"{w}.targets", 'missing (required): e.g. ["ollama/qwen2.5-coder:7b"]')
+        elif t["targets"] == []:
+            self.problem(f"{w}.targets", "must list at least one provider/model")
+        targets = self.str_list(t, w, "targets")
+        for i, target in enumerate(targets):
+            provider, slash, model = target.partition("/")
+            if not slash or not provider or not model:
+                self.problem(f"{w}.targets[{i}]", f"must be provider/model (got {target!r})")
+            elif provider not in providers:
+                known = ", ".join(providers) or "none configured"
+                self.problem(f"{w}.targets[{i}]", f"names unknown provider '{provider}' (providers: {known})")
+        return ComboConfig(name, strategy, targets)
+
+
+# --- the starter file ----------------------------------------------------------------------------
+
+
+def _toml_str(value: str) -> str:
+    """A TOML basic string: escapes what TOML requires (quote, backslash, control characters)."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def render_starter_config(detected: Mapping[str, str]) -> str:
+    """The text `omniroute config init` writes: the local servers found (id -> base_url) as live
+    providers, the other built-ins and an API-key provider as commented examples. When nothing was
+    detected, every built-in is written live, matching the embedded default."""
+    for pid in detected:
+        if not _ID_RE.fullmatch(pid):
+            raise ValueError(f"not a valid provider id: {pid!r}")
+    live = dict(detected) if detected else dict(BUILTIN_LOCAL_PROVIDERS)
+    lines = [
+        "# omniroute config: see the README for every key.",
+        "",
+        "[server]",
+        'host = "127.0.0.1"          # a non-loopback host requires management_token and api_keys',
+        "port = 20128",
+        '# management_token = "..."  # or env OMNIROUTE_MANAGEMENT_TOKEN',
+        '# api_keys = ["sk-local-..."]  # when set, /v1/* requires one as a Bearer token',
+        '# default_combo = "coding"   # used for a bare model name that no provider claims',
+        "",
+    ]
+    if not detected:
+        lines += ["# No local server answered when this file was written; these are the usual addresses.", ""]
+    for pid, url in live.items():
+        lines += [
+            f"[providers.{pid}]",
+            'class = "local"              # local | apikey | oauth',
+            f"base_url = {_toml_str(url)}",
+            "# per_model_quota = true     # default: true for local",
+            "",
+            f"[[providers.{pid}.connections]]",
+            f'id = "{pid}-1"',
+            "# max_concurrent = 1        # the server's real concurrency (e.g. llama.cpp slots)",
+            "",
+        ]
+    for pid, url in BUILTIN_LOCAL_PROVIDERS.items():
+        if pid not in live:
+            lines += [
+                f"# [providers.{pid}]",
+                '# class = "local"',
+                f"# base_url = {_toml_str(url)}",
+                f"# [[providers.{pid}.connections]]",
+                f'# id = "{pid}-1"',
+                "",
+            ]
+    lines += [
+        "# An API-key provider:",
+        "# [providers.openai]",
+        '# class = "apikey"',
+        '# base_url = "https://api.openai.com/v1"',
+        "# [[providers.openai.connections]]",
+        '# id = "openai-main"',
+        '# api_key_env = "OPENAI_API_KEY"   # or api_key = "..." (then keep this file mode 0600)',
+        "# priority = 1",
+        "# max_concurrent = 4",
+        "",
+        "# A combo: a model name that tries its targets in order.",
+        "# [combos.coding]",
+        '# strategy = "priority"        # priority | round-robin',
+        f'# targets = ["{next(iter(live))}/MODEL", "openai/gpt-4o-mini"]',
+        "",
+    ]
+    return "\n".join(lines)

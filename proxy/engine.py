@@ -1,0 +1,714 @@
+"""The resilience engine: the three layers, wired together, with routing and persistence.
+
+`Engine` owns one breaker per provider, one `ConnectionHealth` per connection, the lockout table,
+the per-connection semaphores and request limiters, and the settings. It knows nothing of HTTP:
+the server asks it for an `Attempt` (`select`), runs the attempt, and reports what came back
+(`record`). Every decision is returned as a value; every transition is published on the bus.
+
+Persistence is write-behind: mutations only mark objects dirty (a set add), and `persist()`
+(called by the server every 250 ms and at shutdown) hands the dirty snapshots to the store,
+whose writer thread commits them. The request path never waits for the disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.resilience.breaker import Admission, BreakerState, CircuitBreaker
+from proxy.resilience.classify import BreakerEffect, ConnectionEffect, LockoutEffect, Verdict, classify
+from proxy.resilience.clock import Clock, SystemClock
+from proxy.resilience.cooldown import ConnectionHealth
+from proxy.resilience.events import Event, EventBus
+from proxy.resilience.hints import parse_retry_hint
+from proxy.resilience.limiter import RequestLimiter
+from proxy.resilience.lockout import LockoutEntry, LockoutTable
+from proxy.resilience.outcome import Outcome, OutcomeKind, ProviderClass
+from proxy.resilience.restate import RestatementRule, restate, rules_for
+from proxy.resilience.semaphore import ConnectionSemaphore
+from proxy.resilience.timefmt import iso
+from proxy.settings import Settings
+from proxy.store import MemoryStore, StateStore, StoredState
+
+# How long a HALF_OPEN provider whose probe is in flight is expected to stay blocked, for the
+# purpose of "when will something recover": the probe usually settles within a second or two.
+PROBE_RECOVERY_ESTIMATE_MS = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    id: str
+    provider_class: ProviderClass
+    per_model_quota: bool
+    rate_limit: bool | None = None
+    """None: follow `requestQueue.autoEnableApiKeyProviders` (on for apikey providers)."""
+    restate: tuple[RestatementRule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionSpec:
+    id: str
+    provider: str
+    name: str = ""
+    priority: int = 100
+    max_concurrent: int | None = None
+    enabled: bool = True
+    disable_cooling: bool = False
+    fingerprint: str = ""
+    """Changes when the credential changes; a changed credential clears a terminal state."""
+    masked_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    provider: str
+    model: str
+    connection_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+
+class ConnectionRuntime:
+    """Everything the engine tracks for one connection."""
+
+    __slots__ = ("health", "id", "in_flight", "last_used", "limiter", "priority", "semaphore", "spec")
+
+    def __init__(self, spec: ConnectionSpec, health: ConnectionHealth) -> None:
+        self.spec = spec
+        self.id = spec.id
+        self.priority = spec.priority
+        self.health = health
+        self.semaphore: ConnectionSemaphore | None = (
+            ConnectionSemaphore(spec.max_concurrent) if spec.max_concurrent else None
+        )
+        self.limiter: RequestLimiter | None = None
+        self.in_flight = 0
+        self.last_used = 0.0
+
+
+class ProviderRuntime:
+    __slots__ = ("breaker", "connections", "rules", "spec")
+
+    def __init__(self, spec: ProviderSpec, breaker: CircuitBreaker) -> None:
+        self.spec = spec
+        self.breaker = breaker
+        self.connections: list[ConnectionRuntime] = []
+        self.rules = rules_for(spec.id, spec.restate)
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One dispatch to one connection. Every attempt must be `record`ed exactly once."""
+
+    target: Target
+    provider: ProviderRuntime
+    connection: ConnectionRuntime
+    probe: bool
+    started_at: float
+    pinned_by_session: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Why one target (or one of its connections) could not take the request."""
+
+    target: str
+    connection_id: str | None
+    reason: str
+    """circuit_open, probe_in_flight, cooling, locked, banned, expired, credits_exhausted, disabled,
+    no_connection, unknown_provider, already_tried."""
+    retry_at: float | None
+    """Epoch ms when this recovers by itself; None when it never will (operator action needed)."""
+    waitable: bool
+    """May cooldown-aware waiting wait for it? (short, transient reasons only)."""
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "connectionId": self.connection_id,
+            "reason": self.reason,
+            "retryAfterMs": None if self.retry_at is None else max(0, int(self.retry_at - now)),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NoTarget:
+    """Nothing eligible right now, with every reason."""
+
+    skips: tuple[Skip, ...]
+
+    @property
+    def earliest_recovery(self) -> float | None:
+        times = [s.retry_at for s in self.skips if s.retry_at is not None]
+        return min(times) if times else None
+
+    @property
+    def earliest_waitable(self) -> float | None:
+        times = [s.retry_at for s in self.skips if s.waitable and s.retry_at is not None]
+        return min(times) if times else None
+
+    @property
+    def all_waitable(self) -> bool:
+        """Every candidate is blocked for a short transient reason (cooldown-aware waiting applies)."""
+        relevant = [s for s in self.skips if s.reason != "already_tried"]
+        return bool(relevant) and all(s.waitable for s in relevant)
+
+    @property
+    def breaker_only(self) -> bool:
+        relevant = [s for s in self.skips if s.reason != "already_tried"]
+        return bool(relevant) and all(s.reason in ("circuit_open", "probe_in_flight") for s in relevant)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What `record` concluded about one attempt."""
+
+    verdict: Verdict
+    status: int | None
+    """The status after restatement (what the client should see for this attempt)."""
+    client_retry_after_ms: int | None
+    """A restatement rule's retry hint for the client, if one matched."""
+
+
+@dataclass(slots=True)
+class RequestStats:
+    total: int = 0
+    ok: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    per_second: dict[int, int] = field(default_factory=dict)
+    """Completed requests per epoch second, last 120 seconds (for the console's sparkline)."""
+
+    def started(self) -> None:
+        self.total += 1
+        self.in_flight += 1
+
+    def finished(self, ok: bool, now: float) -> None:
+        self.in_flight -= 1
+        if ok:
+            self.ok += 1
+        else:
+            self.failed += 1
+        second = int(now // 1000)
+        per_second = self.per_second
+        per_second[second] = per_second.get(second, 0) + 1
+        if len(per_second) > 120:
+            for old in sorted(per_second)[:-120]:
+                del per_second[old]
+
+    def rate_series(self, now: float, seconds: int = 60) -> list[int]:
+        last = int(now // 1000)
+        return [self.per_second.get(s, 0) for s in range(last - seconds + 1, last + 1)]
+
+    def to_api(self) -> dict[str, int]:
+        return {"total": self.total, "ok": self.ok, "failed": self.failed, "inFlight": self.in_flight}
+
+
+class Engine:
+    def __init__(
+        self,
+        providers: Sequence[ProviderSpec],
+        connections: Sequence[ConnectionSpec],
+        *,
+        settings: Settings | None = None,
+        store: StateStore | None = None,
+        clock: Clock | None = None,
+        bus: EventBus | None = None,
+        probe_timeout_ms: float = 120_000,
+        max_lockouts: int = 10_000,
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.bus = bus or EventBus()
+        self.store: StateStore = store or MemoryStore()
+        self.settings = settings or Settings(clock=self.clock, emit=self._emit)
+        self.probe_timeout_ms = probe_timeout_ms
+        self.stats = RequestStats()
+        self.started_at = self.clock.now()
+        self.lockouts = LockoutTable(max_entries=max_lockouts, emit=self._emit)
+        self.providers: dict[str, ProviderRuntime] = {}
+        self.connections: dict[str, ConnectionRuntime] = {}
+        self.pins: dict[str, tuple[str, float]] = {}
+        self._dirty_breakers: set[str] = set()
+        self._dirty_connections: set[str] = set()
+        self._dirty_lockouts: set[tuple[str, str, str]] = set()
+        self._dirty_pins: set[str] = set()
+        self._round_robin: dict[str, int] = {}
+        for p in providers:
+            breaker = CircuitBreaker(
+                p.id,
+                p.provider_class,
+                self.settings.breaker_policy(p.provider_class),
+                probe_timeout_ms=probe_timeout_ms,
+                emit=self._emit,
+            )
+            self.providers[p.id] = ProviderRuntime(p, breaker)
+        for c in connections:
+            if c.provider not in self.providers:
+                raise ValueError(f"connection {c.id!r} names unknown provider {c.provider!r}")
+            health = ConnectionHealth(c.id, c.provider, enabled=c.enabled, emit=self._emit)
+            runtime = ConnectionRuntime(c, health)
+            self.connections[c.id] = runtime
+            self.providers[c.provider].connections.append(runtime)
+        for provider in self.providers.values():
+            provider.connections.sort(key=lambda r: r.spec.priority)
+        self.settings.add_listener(self._settings_changed)
+
+    # ------------------------------------------------------------------ events and persistence
+
+    def _emit(self, event: Event) -> None:
+        self.bus.publish(event)
+
+    def restore(self, state: StoredState) -> None:
+        """Load persisted state (at start, before traffic). Emits nothing."""
+        for provider_id, record in state.breakers.items():
+            runtime = self.providers.get(provider_id)
+            if runtime is None:
+                continue
+            runtime.breaker = CircuitBreaker.from_record(
+                record,
+                self.settings.breaker_policy(runtime.spec.provider_class),
+                probe_timeout_ms=self.probe_timeout_ms,
+                emit=self._emit,
+            )
+        for connection_id, record in state.connections.items():
+            conn = self.connections.get(connection_id)
+            if conn is None:
+                continue
+            enabled_by_config = conn.spec.enabled
+            conn.health.load_record(record)
+            if not enabled_by_config:
+                conn.health.enabled = False
+            stored_fp = state.meta.get(f"fingerprint:{connection_id}")
+            if stored_fp is not None and stored_fp != conn.spec.fingerprint and conn.health.terminal:
+                # The credential changed in the config: a terminal verdict about the old key is void.
+                conn.health.reset(self.clock.now(), reason="credential_changed")
+                self._dirty_connections.add(connection_id)
+        self.lockouts.restore(
+            LockoutEntry.from_record(r)
+            for r in state.lockouts
+            if r.get("provider") in self.providers and r.get("connection_id") in self.connections
+        )
+        now = self.clock.now()
+        self.pins = {k: v for k, v in state.pins.items() if v[1] > now and v[0] in self.connections}
+        for conn in self.connections.values():
+            if state.meta.get(f"fingerprint:{conn.spec.id}") != conn.spec.fingerprint:
+                self.store.set_meta(f"fingerprint:{conn.spec.id}", conn.spec.fingerprint)
+
+    def persist(self) -> None:
+        """Hand every dirty snapshot to the store (cheap: the store's writer thread commits)."""
+        if self._dirty_breakers:
+            dirty_b, self._dirty_breakers = self._dirty_breakers, set()
+            self.store.save_breakers({p: self.providers[p].breaker.to_record() for p in dirty_b})
+        if self._dirty_connections:
+            dirty_c, self._dirty_connections = self._dirty_connections, set()
+            self.store.save_connections({c: self.connections[c].health.to_record() for c in dirty_c})
+        if self._dirty_lockouts:
+            dirty_l, self._dirty_lockouts = self._dirty_lockouts, set()
+            upserts: list[Mapping[str, Any]] = []
+            deletes: list[tuple[str, str, str]] = []
+            for key in dirty_l:
+                entry = self.lockouts.get(*key)
+                if entry is None:
+                    deletes.append(key)
+                else:
+                    upserts.append(entry.to_record())
+            self.store.save_lockouts(upserts, deletes)
+        if self._dirty_pins:
+            dirty_p, self._dirty_pins = self._dirty_pins, set()
+            self.store.save_pins(
+                {k: self.pins[k] for k in dirty_p if k in self.pins},
+                [k for k in dirty_p if k not in self.pins],
+            )
+
+    def _settings_changed(self, settings: Settings) -> None:
+        now = self.clock.now()
+        for provider in self.providers.values():
+            provider.breaker.set_policy(settings.breaker_policy(provider.spec.provider_class), now)
+            self._dirty_breakers.add(provider.spec.id)
+        queue = settings.queue()
+        for conn in self.connections.values():
+            if conn.limiter is not None:
+                conn.limiter.update(queue)
+
+    # ------------------------------------------------------------------ routing
+
+    def select(
+        self,
+        targets: Sequence[Target],
+        *,
+        tried: Iterable[str] = (),
+        session: str | None = None,
+    ) -> Attempt | NoTarget:
+        """Pick the first target with an eligible connection (resilience.md §7).
+
+        Skips a provider whose breaker rejects, then picks a connection that is enabled, not
+        cooling, not terminal and not locked for the model: a live session pin first, then free
+        concurrency slots, the lowest `priority`, the least recently used. `tried` holds
+        connection ids this request already attempted.
+        """
+        now = self.clock.now()
+        tried_set = set(tried) if tried else None
+        lockouts = self.lockouts
+        pinned: ConnectionRuntime | None = None
+        if session is not None:
+            pin = self.pins.get(session)
+            if pin is not None and pin[1] > now:
+                pinned = self.connections.get(pin[0])
+        for target in targets:
+            provider = self.providers.get(target.provider)
+            if provider is None:
+                continue
+            breaker = provider.breaker
+            if not breaker.can_execute(now):
+                continue
+            model = target.model
+            locked_keys = lockouts.keys_for_model(target.provider, model)
+            best: ConnectionRuntime | None = None
+            best_free = False
+            best_priority = 0
+            best_used = 0.0
+            for conn in provider.connections:  # sorted by priority
+                priority = conn.priority
+                if best_free and pinned is None and priority > best_priority:
+                    break  # nothing later can beat a free connection with a lower priority number
+                cid = conn.id
+                if target.connection_id is not None and cid != target.connection_id:
+                    continue
+                if tried_set is not None and cid in tried_set:
+                    continue
+                if not conn.health.is_eligible(now):
+                    continue
+                if locked_keys and lockouts.is_locked(target.provider, cid, model, now):
+                    continue
+                if conn is pinned:
+                    best = conn
+                    break
+                sem = conn.semaphore
+                free = sem is None or sem.has_free_slot()
+                if (
+                    best is None
+                    or (free and not best_free)
+                    or (
+                        free == best_free
+                        and (priority < best_priority or (priority == best_priority and conn.last_used < best_used))
+                    )
+                ):
+                    best, best_free, best_priority, best_used = conn, free, priority, conn.last_used
+            if best is None:
+                continue
+            admission = breaker.admit(now)
+            if admission is Admission.REJECT:
+                continue
+            best.in_flight += 1
+            best.last_used = now
+            return Attempt(target, provider, best, admission is Admission.PROBE, now, best is pinned)
+        return NoTarget(tuple(self._explain(targets, tried_set or set(), now)))
+
+    def _explain(self, targets: Sequence[Target], tried: set[str], now: float) -> Iterable[Skip]:
+        """The slow path: why each target was skipped (only computed when nothing was eligible)."""
+        for target in targets:
+            name = str(target)
+            provider = self.providers.get(target.provider)
+            if provider is None:
+                yield Skip(name, None, "unknown_provider", None, False)
+                continue
+            state = provider.breaker.state(now)
+            if state is BreakerState.OPEN:
+                yield Skip(name, None, "circuit_open", now + provider.breaker.retry_after_ms(now), True)
+                continue
+            if state is BreakerState.HALF_OPEN and not provider.breaker.can_execute(now):
+                yield Skip(name, None, "probe_in_flight", now + PROBE_RECOVERY_ESTIMATE_MS, True)
+                continue
+            candidates = [
+                c
+                for c in provider.connections
+                if target.connection_id is None or c.spec.id == target.connection_id
+            ]
+            if not candidates:
+                yield Skip(name, target.connection_id, "no_connection", None, False)
+            for conn in candidates:
+                cid = conn.spec.id
+                status = conn.health.status(now)
+                if cid in tried:
+                    yield Skip(name, cid, "already_tried", None, False)
+                elif status == "cooling":
+                    yield Skip(name, cid, "cooling", conn.health.rate_limited_until, True)
+                elif status != "active":
+                    yield Skip(name, cid, status, None, False)
+                else:
+                    entry = self.lockouts.get(target.provider, cid, target.model)
+                    if entry is not None and entry.remaining_ms(now) > 0:
+                        waitable = entry.reason not in ("not_found", "quota")
+                        yield Skip(name, cid, "locked", entry.expires_at, waitable)
+
+    def order_targets(self, name: str, strategy: str, targets: Sequence[Target]) -> list[Target]:
+        """Combo order for one request: as written (`priority`) or rotated (`round-robin`)."""
+        if strategy != "round-robin" or len(targets) < 2:
+            return list(targets)
+        start = self._round_robin.get(name, 0) % len(targets)
+        self._round_robin[name] = start + 1
+        return [*targets[start:], *targets[:start]]
+
+    def limiter_for(self, conn: ConnectionRuntime, provider: ProviderRuntime) -> RequestLimiter | None:
+        """The request-queue limiter of a connection, if the limiter applies to it (resilience.md §6)."""
+        queue = self.settings.queue()
+        enabled = provider.spec.rate_limit
+        if enabled is None:
+            enabled = queue.auto_enable_api_key_providers and provider.spec.provider_class == "apikey"
+        if not enabled:
+            return None
+        if conn.limiter is None:
+            conn.limiter = RequestLimiter(queue, self.clock)
+        return conn.limiter
+
+    # ------------------------------------------------------------------ outcomes
+
+    def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
+        """Classify one attempt's outcome and apply it to the three layers."""
+        now = self.clock.now()
+        provider = attempt.provider
+        conn = attempt.connection
+        conn.in_flight -= 1
+        pid = provider.spec.id
+        cid = conn.spec.id
+        model = attempt.target.model
+
+        client_retry: int | None = None
+        if outcome.kind is OutcomeKind.STATUS and outcome.status is not None and outcome.status >= 400:
+            restated = restate(outcome.status, outcome.body, provider.rules) if provider.rules else None
+            if restated is not None:
+                client_retry = restated.retry_after_ms
+                outcome = Outcome(outcome.kind, restated.status, outcome.headers, outcome.body, outcome.error)
+
+        lockout_settings = self.settings.lockout()
+        verdict = classify(outcome, per_model_quota=provider.spec.per_model_quota, lockout=lockout_settings)
+
+        breaker = provider.breaker
+        if verdict.breaker is BreakerEffect.SUCCESS:
+            breaker.record_success(now, probe=attempt.probe)
+        elif verdict.breaker is BreakerEffect.FAILURE:
+            breaker.record_failure(now, probe=attempt.probe)
+        elif attempt.probe:
+            breaker.release_probe(now)
+        if verdict.breaker is not BreakerEffect.NONE or attempt.probe:
+            self._dirty_breakers.add(pid)
+
+        health = conn.health
+        effect = verdict.connection
+        if effect is ConnectionEffect.CLEAR:
+            if health.last_error is not None or health.backoff_level or health.rate_limited_until is not None:
+                health.record_success(now)
+                self._dirty_connections.add(cid)
+        elif effect is not ConnectionEffect.NONE:
+            error = _describe(outcome, verdict)
+            if effect is ConnectionEffect.COOLDOWN:
+                policy = self.settings.cooldown_policy(provider.spec.provider_class)
+                hint = (
+                    parse_retry_hint(outcome.headers, outcome.body, now)
+                    if policy.use_upstream_retry_hints
+                    else None
+                )
+                health.record_failure(
+                    now,
+                    policy,
+                    error=error,
+                    error_type=verdict.reason,
+                    code=outcome.status,
+                    hint_ms=hint,
+                    disable_cooling=conn.spec.disable_cooling,
+                )
+            else:
+                health.mark_terminal(now, effect.value, error=error, code=outcome.status)
+            self._dirty_connections.add(cid)
+
+        if verdict.lockout is LockoutEffect.DECAY:
+            if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
+                self.lockouts.record_success(pid, cid, model, now)
+                self._dirty_lockouts.add((pid, cid, model))
+        elif verdict.lockout is LockoutEffect.LOCK:
+            hint = (
+                parse_retry_hint(outcome.headers, outcome.body, now)
+                if outcome.headers or outcome.body
+                else None
+            )
+            self.lockouts.record_failure(
+                pid,
+                cid,
+                model,
+                now,
+                lockout_settings,
+                status=outcome.status,
+                reason=verdict.reason,
+                hint_ms=hint,
+            )
+            self._dirty_lockouts.add((pid, cid, model))
+
+        if session is not None and outcome.is_success:
+            ttl = self.settings.session_ttl_ms()
+            if ttl > 0:
+                self.pins[session] = (cid, now + ttl)
+                self._dirty_pins.add(session)
+
+        return Recorded(verdict, outcome.status, client_retry)
+
+    def cancel(self, attempt: Attempt) -> None:
+        """An attempt that ended without any verdict (client gone before an answer)."""
+        self.record(attempt, Outcome.disconnect())
+
+    # ------------------------------------------------------------------ operator actions
+
+    def _operator(self, action: str, reason: str) -> None:
+        self._emit(Event(self.clock.now(), "operator", action, "", "", reason))
+
+    def reset_breakers(self, provider: str | None = None, *, source: str = "api") -> int:
+        """Reset one provider's breaker, or all; returns how many. KeyError for an unknown provider."""
+        now = self.clock.now()
+        if provider is not None and provider not in self.providers:
+            raise KeyError(provider)
+        ids = [provider] if provider is not None else list(self.providers)
+        for pid in ids:
+            self.providers[pid].breaker.reset(now, "operator")
+            self._dirty_breakers.add(pid)
+        self._operator(f"reset breaker {provider or '--all'}", source)
+        return len(ids)
+
+    def reset_connection(self, connection_id: str | None = None, *, source: str = "api") -> int:
+        now = self.clock.now()
+        if connection_id is not None and connection_id not in self.connections:
+            raise KeyError(connection_id)
+        ids = [connection_id] if connection_id is not None else list(self.connections)
+        for cid in ids:
+            self.connections[cid].health.reset(now, "operator")
+            self._dirty_connections.add(cid)
+        self._operator(f"reset connection {connection_id or '--all'}", source)
+        return len(ids)
+
+    def set_connection_enabled(self, connection_id: str, enabled: bool, *, source: str = "api") -> None:
+        if connection_id not in self.connections:
+            raise KeyError(connection_id)
+        self.connections[connection_id].health.set_enabled(enabled, self.clock.now())
+        self._dirty_connections.add(connection_id)
+        self._operator(f"{'enable' if enabled else 'disable'} {connection_id}", source)
+
+    def reenable(
+        self, provider: str, model: str, connection_id: str | None = None, *, source: str = "api"
+    ) -> int:
+        """Lift the lockouts of one model: on one connection, or across the provider's connections."""
+        runtime = self.providers.get(provider)
+        if runtime is not None:
+            self._dirty_lockouts.update(
+                (provider, c.spec.id, model)
+                for c in runtime.connections
+                if connection_id is None or c.spec.id == connection_id
+            )
+        removed = self.lockouts.reenable(provider, model, self.clock.now(), connection_id)
+        suffix = f" --connection {connection_id}" if connection_id else ""
+        self._operator(f"reenable {provider}/{model}{suffix}", source)
+        return removed
+
+    def reenable_all(self, *, source: str = "api") -> int:
+        self._dirty_lockouts.update(self.lockouts.keys())
+        removed = self.lockouts.reenable_all(self.clock.now())
+        self._operator("reenable --all", source)
+        return removed
+
+    # ------------------------------------------------------------------ read models (management API shapes)
+
+    def breakers_api(self) -> list[dict[str, object]]:
+        now = self.clock.now()
+        return [p.breaker.to_api(now) for p in self.providers.values()]
+
+    def connection_api(self, conn: ConnectionRuntime, now: float) -> dict[str, object]:
+        h = conn.health
+        spec = conn.spec
+        provider = self.providers[spec.provider]
+        return {
+            "id": spec.id,
+            "provider": spec.provider,
+            "name": spec.name or spec.id,
+            "class": provider.spec.provider_class,
+            "priority": spec.priority,
+            "enabled": h.enabled,
+            "status": h.status(now),
+            "rateLimitedUntil": iso(h.rate_limited_until) if h.remaining_ms(now) > 0 else None,
+            "cooldownRemainingMs": int(h.remaining_ms(now)),
+            "backoffLevel": h.backoff_level,
+            "lastError": h.last_error,
+            "lastErrorType": h.last_error_type,
+            "errorCode": h.error_code,
+            "lastErrorAt": iso(h.last_error_at),
+            "maxConcurrent": spec.max_concurrent,
+            "inFlight": conn.in_flight,
+            "apiKey": spec.masked_key,
+            "lockouts": [
+                {"model": e.model, "reason": e.reason, "remainingMs": int(e.remaining_ms(now))}
+                for e in self.lockouts.for_connection(spec.provider, spec.id, now)
+            ],
+        }
+
+    def connections_api(self) -> list[dict[str, object]]:
+        now = self.clock.now()
+        return [self.connection_api(c, now) for c in self.connections.values()]
+
+    def lockouts_api(self) -> list[dict[str, object]]:
+        now = self.clock.now()
+        return [e.to_api(now) for e in self.lockouts.active(now)]
+
+    def health_api(self, version: str) -> dict[str, object]:
+        now = self.clock.now()
+        counts = {"open": 0, "halfOpen": 0, "degraded": 0, "closed": 0}
+        provider_health: dict[str, object] = {}
+        breakers = []
+        for p in self.providers.values():
+            b = p.breaker
+            state = b.state(now)
+            counts[_STATE_COUNT_KEY[state]] += 1
+            breakers.append(b.to_api(now))
+            provider_health[p.spec.id] = {
+                "state": state.value,
+                "failures": b.failure_count,
+                "lastFailure": iso(b.last_failure_at),
+            }
+        conn_counts = {"total": 0, "active": 0, "coolingDown": 0, "terminal": 0, "disabled": 0}
+        for c in self.connections.values():
+            status = c.health.status(now)
+            conn_counts["total"] += 1
+            if status == "active":
+                conn_counts["active"] += 1
+            elif status == "cooling":
+                conn_counts["coolingDown"] += 1
+            elif status == "disabled":
+                conn_counts["disabled"] += 1
+            else:
+                conn_counts["terminal"] += 1
+        healthy = counts["open"] == 0 and counts["halfOpen"] == 0 and counts["degraded"] == 0
+        return {
+            "status": "healthy" if healthy else "degraded",
+            "timestamp": iso(now),
+            "uptimeMs": int(now - self.started_at),
+            "version": version,
+            "circuitBreakers": {**counts, "total": len(self.providers)},
+            "providerBreakers": breakers,
+            "providerHealth": provider_health,
+            "connections": conn_counts,
+            "lockouts": [e.to_api(now) for e in self.lockouts.active(now)],
+            "requests": self.stats.to_api(),
+        }
+
+
+_STATE_COUNT_KEY = {
+    BreakerState.OPEN: "open",
+    BreakerState.HALF_OPEN: "halfOpen",
+    BreakerState.DEGRADED: "degraded",
+    BreakerState.CLOSED: "closed",
+}
+
+
+def _describe(outcome: Outcome, verdict: Verdict) -> str:
+    """A short, secret-free description of an error for `lastError`."""
+    if outcome.kind is OutcomeKind.STATUS:
+        body = " ".join(outcome.body.split())[:160]
+        return f"{outcome.status} {verdict.reason}" + (f": {body}" if body else "")
+    return outcome.error or verdict.reason

@@ -1,0 +1,716 @@
+"""The live settings document: one declarative schema, strict atomic validation, typed views.
+
+Every tunable of the resilience layers is one `FieldSpec` in `SCHEMA`. Defaults, validation, the
+TUI cards and the CLI help are all read from that one table, so a range is written down once.
+Wire names are camelCase (`providerBreaker.apikey.failureThreshold`), as in OmniRoute's API.
+
+A change is strict and atomic: `Settings.patch()` deep-merges a partial document into a copy,
+checks every touched field (type, range) and every cross-field rule on the *merged* result, and
+either swaps the whole document in one assignment or raises `SettingsError` listing every bad
+field and changes nothing. Readers never see a half-applied change.
+
+Readers on the hot path use the typed views (`breaker_policy()`, `queue()`...): they are built
+once per document version and cached, so calling them per request costs a dict lookup.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from proxy.resilience.clock import Clock, SystemClock
+from proxy.resilience.errors import FieldError, SettingsError
+from proxy.resilience.events import Event
+from proxy.resilience.outcome import PROVIDER_CLASSES, ProviderClass
+
+if TYPE_CHECKING:
+    from proxy.resilience.breaker import BreakerPolicy
+    from proxy.resilience.cooldown import CooldownPolicy
+    from proxy.resilience.limiter import QueueSettings
+    from proxy.resilience.lockout import LockoutSettings
+    from proxy.resilience.watchdog import WatchdogSettings
+
+__all__ = [
+    "ENV_OVERRIDES",
+    "INT_LIST_MAX_ITEMS",
+    "ORDER_RULES",
+    "SCHEMA",
+    "SECTIONS",
+    "ComboWaitSettings",
+    "FieldSpec",
+    "OrderRule",
+    "QuotaShareSettings",
+    "Settings",
+    "apply_env_overrides",
+    "defaults",
+    "field",
+]
+
+Kind = Literal["bool", "int", "int_list"]
+
+INT_LIST_MAX_ITEMS = 20
+"""An `int_list` holds at most this many items; an empty list means (is stored as) the default."""
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One leaf of the settings document. For `int_list`, `min`/`max` bound each item."""
+
+    path: str
+    kind: Kind
+    default: object
+    min: int | None
+    max: int | None
+    help: str
+
+    @property
+    def name(self) -> str:
+        """The last path segment (`failureThreshold`), as shown in messages and card labels."""
+        return self.path.rsplit(".", 1)[-1]
+
+    def accepted(self) -> str:
+        """What the field accepts, in the words every error message uses."""
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "int":
+            return f"an integer between {self.min} and {self.max}"
+        return f"a list of at most {INT_LIST_MAX_ITEMS} integers between {self.min} and {self.max}"
+
+    def check(self, value: object) -> tuple[object, str | None]:
+        """(normalised value, None) when valid, else (value, message naming the accepted range).
+
+        JSON types are taken literally: `1` is not a bool, `true`, `1.5`, `5.0` and `"5"` are not ints.
+        """
+        if self.kind == "bool":
+            return (value, None) if type(value) is bool else (value, "must be true or false")
+        if self.kind == "int":
+            if type(value) is int and _in_range(value, self.min, self.max):
+                return value, None
+            return value, f"must be {self.accepted()}"
+        if not isinstance(value, list | tuple):
+            return value, f"must be {self.accepted()}"
+        if not value:  # the card's "no codes" means "the defaults", never "lock nothing ever"
+            return list(self.default) if isinstance(self.default, tuple | list) else [], None
+        if len(value) > INT_LIST_MAX_ITEMS:
+            return value, f"must be {self.accepted()} (got {len(value)} items)"
+        for index, item in enumerate(value):
+            if type(item) is not int or not _in_range(item, self.min, self.max):
+                return value, f"must be {self.accepted()} (item {index} is {item!r})"
+        return list(value), None
+
+    def parse(self, text: str) -> object:
+        """Read a value typed on a command line or in an environment variable; ValueError if invalid.
+
+        `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`) for bools, decimal digits for ints,
+        comma-separated integers for lists (an empty string is the empty list, i.e. the default).
+        """
+        raw = text.strip()
+        parsed: object
+        if self.kind == "bool":
+            lowered = raw.lower()
+            if lowered in _TRUE_WORDS:
+                parsed = True
+            elif lowered in _FALSE_WORDS:
+                parsed = False
+            else:
+                raise ValueError(f"{self.path}: must be true or false (got {text!r})")
+        elif self.kind == "int":
+            parsed = _parse_int(raw, self, text)
+        else:
+            parsed = [_parse_int(part.strip(), self, text) for part in raw.split(",")] if raw else []
+        value, message = self.check(parsed)
+        if message is not None:
+            raise ValueError(f"{self.path}: {message}")
+        return value
+
+
+_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+
+def _parse_int(raw: str, spec: FieldSpec, original: str) -> int:
+    # Only plain decimal digits: int() would also take "1_000" and " +5", which no form field shows.
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not digits.isdecimal() or not digits.isascii():
+        raise ValueError(f"{spec.path}: must be {spec.accepted()} (got {original!r})")
+    return int(raw)
+
+
+def _in_range(value: int, low: int | None, high: int | None) -> bool:
+    return (low is None or value >= low) and (high is None or value <= high)
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema: one row per leaf, in the order the API returns them and the cards show them.
+
+_CLASS_LABEL: dict[ProviderClass, str] = {"oauth": "OAuth", "apikey": "API-key", "local": "local"}
+_COOLDOWN_DEFAULTS: dict[ProviderClass, tuple[int, int, bool]] = {
+    "oauth": (5000, 8, False),
+    "apikey": (3000, 5, True),
+    "local": (2000, 3, False),
+}
+_BREAKER_DEFAULTS: dict[ProviderClass, tuple[int, int, int]] = {
+    "oauth": (8, 5, 60000),
+    "apikey": (12, 7, 30000),
+    "local": (2, 1, 15000),
+}
+
+
+def _request_queue() -> list[FieldSpec]:
+    p = "requestQueue."
+    return [
+        FieldSpec(p + "autoEnableApiKeyProviders", "bool", True, None, None,
+                  "Turn the request queue on for every API-key connection"),
+        FieldSpec(p + "requestsPerMinute", "int", 100, 1, 1_000_000,
+                  "Requests each provider connection may start per minute"),
+        FieldSpec(p + "minTimeBetweenRequestsMs", "int", 200, 0, 3_600_000,
+                  "Minimum gap between two dispatches on one connection"),
+        FieldSpec(p + "concurrentRequests", "int", 10, 1, 10_000,
+                  "Requests in flight at once per connection"),
+        FieldSpec(p + "maxWaitMs", "int", 15000, 1, 30000,
+                  "Execution deadline from dispatch to response headers (504 past it)"),
+        FieldSpec(p + "maxQueueDepth", "int", 0, 0, 100_000,
+                  "Queued requests per connection before 429 RATE_LIMIT_QUEUE_FULL (0 = unbounded)"),
+    ]  # fmt: skip
+
+
+def _connection_cooldown(cls: ProviderClass) -> list[FieldSpec]:
+    p = f"connectionCooldown.{cls}."
+    base, steps, hints = _COOLDOWN_DEFAULTS[cls]
+    who = _CLASS_LABEL[cls]
+    return [
+        FieldSpec(p + "baseCooldownMs", "int", base, 0, 86_400_000,
+                  f"First cooldown of a failing {who} connection, doubled per level (0 = never cool)"),
+        FieldSpec(p + "maxBackoffSteps", "int", steps, 0, 32,
+                  f"Highest backoff level of a {who} connection (cooldown <= base * 2^steps)"),
+        FieldSpec(p + "useUpstreamRetryHints", "bool", hints, None, None,
+                  f"Let Retry-After and rate-limit reset hints set {who} cooldowns"),
+    ]  # fmt: skip
+
+
+def _provider_breaker(cls: ProviderClass) -> list[FieldSpec]:
+    p = f"providerBreaker.{cls}."
+    opens, degraded, reset = _BREAKER_DEFAULTS[cls]
+    who = _CLASS_LABEL[cls]
+    return [
+        FieldSpec(p + "failureThreshold", "int", opens, 1, 1000,
+                  f"Net failures that open a {who} provider's breaker"),
+        FieldSpec(p + "degradationThreshold", "int", degraded, 1, 1000,
+                  f"Net failures that mark a {who} provider DEGRADED (below failureThreshold)"),
+        FieldSpec(p + "resetTimeoutMs", "int", reset, 1000, 86_400_000,
+                  f"How long an open {who} breaker blocks before a probe (x2 per cycle after 3, up to x16)"),
+    ]  # fmt: skip
+
+
+def _the_rest() -> list[FieldSpec]:
+    return [
+        FieldSpec("comboCooldownWait.enabled", "bool", True, None, None,
+                  "Wait out short cooldowns instead of answering 429 when every target is cooling"),
+        FieldSpec("comboCooldownWait.maxWaitMs", "int", 90000, 0, 300000,
+                  "Longest single wait for a target to recover (0 = never wait)"),
+        FieldSpec("comboCooldownWait.maxAttempts", "int", 5, 0, 10,
+                  "Waits per request before giving up (0 = never wait)"),
+        FieldSpec("comboCooldownWait.budgetMs", "int", 300000, 0, 300000,
+                  "Total waiting allowed per request (at least maxWaitMs; 0 = never wait)"),
+        FieldSpec("quotaShareConcurrencyLimit.enabled", "bool", True, None, None,
+                  "Hold requests to a connection with max_concurrent to that many in flight"),
+        FieldSpec("quotaShareConcurrencyLimit.queueDepth", "int", 20, 0, 100,
+                  "Requests waiting for a slot before the next one goes ahead without (fail-open)"),
+        FieldSpec("quotaShareConcurrencyLimit.queueTimeoutMs", "int", 30000, 0, 600000,
+                  "Longest wait for a slot before going ahead without one (fail-open)"),
+        FieldSpec("streamRecovery.throughputWatchdog.enabled", "bool", False, None, None,
+                  "Abort streams whose useful output is slower than the minimum rate"),
+        FieldSpec("streamRecovery.throughputWatchdog.warmupMs", "int", 30000, 0, 600000,
+                  "Grace period after the stream starts before the watchdog judges"),
+        FieldSpec("streamRecovery.throughputWatchdog.windowMs", "int", 30000, 1000, 600000,
+                  "Rolling window over which the useful-byte rate is measured"),
+        FieldSpec("streamRecovery.throughputWatchdog.minUsefulBytesPerSecond", "int", 4, 1, 1_000_000,
+                  "Lowest acceptable assistant-text rate over the window"),
+        FieldSpec("streamRecovery.throughputWatchdog.minUsefulBytes", "int", 1, 1, 1_000_000,
+                  "Smallest amount of assistant text the window must hold"),
+        FieldSpec("sessionAffinity.ttlMs", "int", 0, 0, 86_400_000,
+                  "How long a client session stays pinned to one connection (0 = off)"),
+        FieldSpec("modelLockout.enabled", "bool", False, None, None,
+                  "Lock a failing model on one connection instead of the whole connection"),
+        FieldSpec("modelLockout.errorCodes", "int_list", (403, 404, 429, 502, 503, 504), 100, 599,
+                  "Upstream statuses that lock the model (empty = the defaults)"),
+        FieldSpec("modelLockout.baseCooldownMs", "int", 120000, 5000, 600000,
+                  "First lockout of a failing model"),
+        FieldSpec("modelLockout.maxCooldownMs", "int", 1_800_000, 5000, 3_600_000,
+                  "Cap on an escalated lockout (at least baseCooldownMs)"),
+        FieldSpec("modelLockout.maxBackoffSteps", "int", 10, 0, 20,
+                  "Doublings of the lockout for repeated failures"),
+        FieldSpec("modelLockout.useExponentialBackoff", "bool", True, None, None,
+                  "Double the lockout for each repeated failure (off: always baseCooldownMs)"),
+    ]  # fmt: skip
+
+
+SCHEMA: tuple[FieldSpec, ...] = (
+    *_request_queue(),
+    *(spec for cls in PROVIDER_CLASSES for spec in _connection_cooldown(cls)),
+    *(spec for cls in PROVIDER_CLASSES for spec in _provider_breaker(cls)),
+    *_the_rest(),
+)
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "resilience": (
+        "requestQueue",
+        "connectionCooldown",
+        "providerBreaker",
+        "comboCooldownWait",
+        "quotaShareConcurrencyLimit",
+        "streamRecovery",
+        "sessionAffinity",
+    ),
+    "settings": ("modelLockout",),
+}
+"""API group -> the top-level sections it serves (`/api/resilience`, `/api/settings`)."""
+
+_BY_PATH: dict[str, FieldSpec] = {spec.path: spec for spec in SCHEMA}
+_PARTS: dict[str, tuple[str, ...]] = {spec.path: tuple(spec.path.split(".")) for spec in SCHEMA}
+_ALL_SECTIONS: tuple[str, ...] = tuple(s for group in SECTIONS.values() for s in group)
+
+
+def _build_tree() -> dict[str, Any]:
+    """The schema as a nested dict whose leaves are FieldSpecs: the shape patches are walked against."""
+    tree: dict[str, Any] = {}
+    for spec in SCHEMA:
+        *parents, leaf = _PARTS[spec.path]
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = spec
+    return tree
+
+
+_TREE = _build_tree()
+assert set(_TREE) == set(_ALL_SECTIONS), "every schema section belongs to exactly one API group"
+
+
+def field(path: str) -> FieldSpec:
+    """The spec of one leaf, e.g. `field("providerBreaker.apikey.failureThreshold")`; KeyError if unknown."""
+    return _BY_PATH[path]
+
+
+def defaults() -> dict[str, Any]:
+    """The full nested document of every section of both groups, as a fresh copy."""
+    doc: dict[str, Any] = {}
+    for spec in SCHEMA:
+        default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+        _set(doc, _PARTS[spec.path], default)
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-field rules: all of them say "low must stay below (or at most) high".
+
+
+@dataclass(frozen=True, slots=True)
+class OrderRule:
+    """`low < high` (strict) or `low <= high`; with `zero_exempt`, a 0 on either side waives it."""
+
+    low: str
+    high: str
+    strict: bool
+    zero_exempt: bool = False
+
+    def holds(self, low: int, high: int) -> bool:
+        if self.zero_exempt and (low == 0 or high == 0):
+            return True
+        return low < high if self.strict else low <= high
+
+    def message_for_low(self, high: int) -> str:
+        name = self.high.rsplit(".", 1)[-1]
+        text = f"must be lower than {name} ({high})" if self.strict else f"must be at most {name} ({high})"
+        return text + ", or 0" if self.zero_exempt else text
+
+    def message_for_high(self, low: int) -> str:
+        name = self.low.rsplit(".", 1)[-1]
+        text = f"must be greater than {name} ({low})" if self.strict else f"must be at least {name} ({low})"
+        return text + ", or 0" if self.zero_exempt else text
+
+
+ORDER_RULES: tuple[OrderRule, ...] = (
+    *(
+        OrderRule(f"providerBreaker.{c}.degradationThreshold", f"providerBreaker.{c}.failureThreshold", True)
+        for c in PROVIDER_CLASSES
+    ),
+    OrderRule("comboCooldownWait.maxWaitMs", "comboCooldownWait.budgetMs", False, zero_exempt=True),
+    OrderRule("modelLockout.baseCooldownMs", "modelLockout.maxCooldownMs", False),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed views defined here (the other layers' policy classes live with their layers).
+
+
+@dataclass(frozen=True, slots=True)
+class ComboWaitSettings:
+    enabled: bool
+    max_wait_ms: int
+    max_attempts: int
+    budget_ms: int
+
+    @property
+    def active(self) -> bool:
+        """Either limit at 0 turns waiting off, whatever `enabled` says."""
+        return self.enabled and self.max_wait_ms > 0 and self.max_attempts > 0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaShareSettings:
+    enabled: bool
+    queue_depth: int
+    queue_timeout_ms: int
+
+
+def _no_emit(event: Event) -> None:
+    pass
+
+
+_V = TypeVar("_V")
+
+
+class _Version:
+    """One immutable document plus the typed views built from it.
+
+    Swapping the whole object in one assignment keeps the cache consistent with its document: a
+    reader that raced a patch fills the cache of the version it read, which is then dropped.
+    """
+
+    __slots__ = ("doc", "views")
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.views: dict[object, object] = {}
+
+
+class Settings:
+    """The live settings document. All mutation goes through patch(); readers get typed policies."""
+
+    def __init__(
+        self,
+        values: Mapping[str, Any] | None = None,
+        *,
+        clock: Clock | None = None,
+        emit: Callable[[Event], None] = _no_emit,
+    ) -> None:
+        """`values` is a stored document (any subset; missing keys take their defaults).
+
+        It is validated like a patch of every section: an invalid stored document raises
+        SettingsError, and the caller decides whether to start on defaults instead.
+        """
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._emit = emit
+        self._listeners: list[Callable[[Settings], None]] = []
+        self._lock = threading.Lock()  # serialises writers only; readers take `_version` as is
+        self._version = _Version(defaults())
+        if values:
+            merged, errors = self._merge(values, _ALL_SECTIONS)
+            if errors:
+                raise SettingsError(errors)
+            self._version = _Version(merged)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def document(self, group: str | None = None) -> dict[str, Any]:
+        """A deep copy of one group's sections ("resilience", "settings") or of everything (None)."""
+        doc = self._version.doc
+        return {name: _copy(doc[name]) for name in _sections_of(group)}
+
+    # -- changing --------------------------------------------------------------------------
+
+    def validate(self, patch: Mapping[str, Any], group: str) -> tuple[dict[str, Any], list[FieldError]]:
+        """Deep-merge `patch` (any subset of the group's sections and keys) into a copy of the document and
+        check it: unknown keys (a section or key not in that group: "unknown key"), types, ranges, and the
+        cross-field rules on the MERGED document. Returns (merged full document, errors); changes nothing.
+        Every bad field is listed with its dotted path and a message naming what it accepts."""
+        return self._merge(patch, _sections_of(group))
+
+    def patch(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
+        """Apply a partial document atomically and return the group's document after it.
+
+        Raises SettingsError (every bad field) and changes nothing when any field is invalid. Else one
+        `settings` event per changed leaf, then the listeners, in that order.
+        """
+        sections = _sections_of(group)
+        self._apply(patch, sections, reason="patch")
+        return self.document(group)
+
+    def reset_section(self, section: str) -> dict[str, Any]:
+        """Load the defaults back into one section (`providerBreaker`, `modelLockout`) or any subtree of
+        one (`providerBreaker.apikey`); returns that section's group document. KeyError if unknown."""
+        parts = tuple(section.split("."))
+        node: Any = defaults()
+        for part in parts:
+            if not isinstance(node, dict) or part not in node:
+                raise KeyError(section)
+            node = node[part]
+        if not isinstance(node, dict):
+            raise KeyError(section)  # a single leaf is set with patch(), not "reset"
+        patch: dict[str, Any] = {}
+        _set(patch, parts, node)
+        group = next(g for g, names in SECTIONS.items() if parts[0] in names)
+        self._apply(patch, SECTIONS[group], reason="reset")
+        return self.document(group)
+
+    def add_listener(self, fn: Callable[[Settings], None]) -> None:
+        """`fn(settings)` runs after every successful change (the engine re-applies its policies)."""
+        self._listeners.append(fn)
+
+    def _apply(self, patch: Mapping[str, Any], sections: tuple[str, ...], reason: str) -> None:
+        with self._lock:
+            merged, errors = self._merge(patch, sections)
+            if errors:
+                raise SettingsError(errors)
+            old = self._version.doc
+            changed = [spec.path for spec in SCHEMA if _get(old, spec.path) != _get(merged, spec.path)]
+            if not changed:
+                return
+            self._version = _Version(merged)
+        now = self._clock.now()
+        for path in changed:
+            from_, to = _get(old, path), _get(merged, path)
+            self._emit(Event(ts=now, layer="settings", key=path, from_=str(from_), to=str(to), reason=reason))
+        self._notify()
+
+    def _notify(self) -> None:
+        # Every listener runs even if one fails: the change is already live, and a listener that
+        # skipped it would leave its layer on stale policies. The first failure is re-raised after.
+        first_error: Exception | None = None
+        for listener in tuple(self._listeners):
+            try:
+                listener(self)
+            except Exception as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def _merge(
+        self, patch: Mapping[str, Any], sections: tuple[str, ...]
+    ) -> tuple[dict[str, Any], list[FieldError]]:
+        merged = _copy(self._version.doc)
+        errors: list[FieldError] = []
+        if not isinstance(patch, Mapping):
+            return merged, [FieldError("", "must be an object")]
+        allowed = {name: _TREE[name] for name in sections}
+        touched: list[str] = []
+        _merge_into(merged, patch, allowed, "", touched, errors)
+        bad = {error.field for error in errors}
+        touched_set = set(touched)
+        for rule in ORDER_RULES:
+            if rule.low in bad or rule.high in bad or rule.low.split(".", 1)[0] not in allowed:
+                continue
+            low, high = _get(merged, rule.low), _get(merged, rule.high)
+            if rule.holds(low, high):
+                continue
+            # Blame the field the caller just changed, so "failureThreshold 5" reports failureThreshold.
+            if rule.high in touched_set and rule.low not in touched_set:
+                errors.append(FieldError(rule.high, rule.message_for_high(low)))
+            else:
+                errors.append(FieldError(rule.low, rule.message_for_low(high)))
+        return merged, errors
+
+    # -- typed views (cached per document version) -----------------------------------------
+
+    def _view(self, key: object, build: Callable[[dict[str, Any]], _V]) -> _V:
+        version = self._version
+        try:
+            return cast(_V, version.views[key])
+        except KeyError:
+            view = build(version.doc)
+            version.views[key] = view
+            return view
+
+    def breaker_policy(self, cls: ProviderClass) -> BreakerPolicy:
+        return self._view(("breaker", cls), lambda doc: _breaker_policy(doc["providerBreaker"][cls]))
+
+    def cooldown_policy(self, cls: ProviderClass) -> CooldownPolicy:
+        return self._view(("cooldown", cls), lambda doc: _cooldown_policy(doc["connectionCooldown"][cls]))
+
+    def lockout(self) -> LockoutSettings:
+        return self._view("lockout", lambda doc: _lockout_settings(doc["modelLockout"]))
+
+    def queue(self) -> QueueSettings:
+        return self._view("queue", lambda doc: _queue_settings(doc["requestQueue"]))
+
+    def watchdog(self) -> WatchdogSettings:
+        return self._view(
+            "watchdog", lambda doc: _watchdog_settings(doc["streamRecovery"]["throughputWatchdog"])
+        )
+
+    def combo_wait(self) -> ComboWaitSettings:
+        def build(doc: dict[str, Any]) -> ComboWaitSettings:
+            s = doc["comboCooldownWait"]
+            return ComboWaitSettings(s["enabled"], s["maxWaitMs"], s["maxAttempts"], s["budgetMs"])
+
+        return self._view("combo_wait", build)
+
+    def quota_share(self) -> QuotaShareSettings:
+        def build(doc: dict[str, Any]) -> QuotaShareSettings:
+            s = doc["quotaShareConcurrencyLimit"]
+            return QuotaShareSettings(s["enabled"], s["queueDepth"], s["queueTimeoutMs"])
+
+        return self._view("quota_share", build)
+
+    def session_ttl_ms(self) -> int:
+        ttl: int = self._version.doc["sessionAffinity"]["ttlMs"]
+        return ttl
+
+
+# The layers' policy classes are imported when first built: those modules import nothing from
+# here, but importing them lazily keeps `proxy.settings` importable on its own (CLI help, tests).
+
+
+def _breaker_policy(s: Mapping[str, Any]) -> BreakerPolicy:
+    from proxy.resilience.breaker import BreakerPolicy
+
+    return BreakerPolicy(
+        degradation_threshold=s["degradationThreshold"],
+        failure_threshold=s["failureThreshold"],
+        reset_timeout_ms=s["resetTimeoutMs"],
+    )
+
+
+def _cooldown_policy(s: Mapping[str, Any]) -> CooldownPolicy:
+    from proxy.resilience.cooldown import CooldownPolicy
+
+    return CooldownPolicy(
+        base_cooldown_ms=s["baseCooldownMs"],
+        max_backoff_steps=s["maxBackoffSteps"],
+        use_upstream_retry_hints=s["useUpstreamRetryHints"],
+    )
+
+
+def _lockout_settings(s: Mapping[str, Any]) -> LockoutSettings:
+    from proxy.resilience.lockout import LockoutSettings
+
+    return LockoutSettings(
+        enabled=s["enabled"],
+        error_codes=tuple(s["errorCodes"]),
+        base_cooldown_ms=s["baseCooldownMs"],
+        max_cooldown_ms=s["maxCooldownMs"],
+        max_backoff_steps=s["maxBackoffSteps"],
+        use_exponential_backoff=s["useExponentialBackoff"],
+    )
+
+
+def _queue_settings(s: Mapping[str, Any]) -> QueueSettings:
+    from proxy.resilience.limiter import QueueSettings
+
+    return QueueSettings(
+        auto_enable_api_key_providers=s["autoEnableApiKeyProviders"],
+        requests_per_minute=s["requestsPerMinute"],
+        min_time_between_requests_ms=s["minTimeBetweenRequestsMs"],
+        concurrent_requests=s["concurrentRequests"],
+        max_wait_ms=s["maxWaitMs"],
+        max_queue_depth=s["maxQueueDepth"],
+    )
+
+
+def _watchdog_settings(s: Mapping[str, Any]) -> WatchdogSettings:
+    from proxy.resilience.watchdog import WatchdogSettings
+
+    return WatchdogSettings(
+        enabled=s["enabled"],
+        warmup_ms=s["warmupMs"],
+        window_ms=s["windowMs"],
+        min_useful_bytes_per_second=s["minUsefulBytesPerSecond"],
+        min_useful_bytes=s["minUsefulBytes"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment overrides (applied once at start, on top of the stored document).
+
+ENV_OVERRIDES: dict[str, str] = {
+    "RATE_LIMIT_MAX_WAIT_MS": "requestQueue.maxWaitMs",
+    "RATE_LIMIT_MAX_QUEUE_DEPTH": "requestQueue.maxQueueDepth",
+    "STREAM_THROUGHPUT_WATCHDOG_ENABLED": "streamRecovery.throughputWatchdog.enabled",
+}
+"""Environment variable -> settings field it overrides."""
+
+
+def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Return a copy of `doc` with the environment's overrides set, plus one warning per ignored value.
+
+    Env wins over the stored document at start. A value that does not parse or is out of the field's
+    range is ignored with a warning (never a crash); an empty value counts as unset.
+    """
+    result = _copy(doc)
+    warnings: list[str] = []
+    for name, path in ENV_OVERRIDES.items():
+        text = env.get(name)
+        if text is None or not text.strip():
+            continue
+        try:
+            value = _BY_PATH[path].parse(text)
+        except ValueError as exc:
+            warnings.append(f"ignoring {name}={text!r}: {exc}")
+            continue
+        _set(result, _PARTS[path], value)
+    return result, warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# Small document helpers.
+
+
+def _sections_of(group: str | None) -> tuple[str, ...]:
+    if group is None:
+        return _ALL_SECTIONS
+    try:
+        return SECTIONS[group]
+    except KeyError:
+        raise ValueError(f"unknown settings group {group!r} (expected one of {sorted(SECTIONS)})") from None
+
+
+def _merge_into(
+    target: dict[str, Any],
+    patch: Mapping[str, Any],
+    tree: Mapping[str, Any],
+    prefix: str,
+    touched: list[str],
+    errors: list[FieldError],
+) -> None:
+    """Walk `patch` against the schema `tree`, writing each leaf into `target` (valid or not)."""
+    for key, value in patch.items():
+        path = f"{prefix}{key}"
+        node = tree.get(key) if isinstance(key, str) else None
+        if node is None:
+            errors.append(FieldError(path, "unknown key"))
+        elif isinstance(node, FieldSpec):
+            normalised, message = node.check(value)
+            target[key] = normalised
+            touched.append(path)
+            if message is not None:
+                errors.append(FieldError(path, message))
+        elif not isinstance(value, Mapping):
+            errors.append(FieldError(path, "must be an object"))
+        else:
+            _merge_into(target.setdefault(key, {}), value, node, path + ".", touched, errors)
+
+
+def _get(doc: Mapping[str, Any], path: str) -> Any:
+    node: Any = doc
+    for part in _PARTS[path]:
+        node = node[part]
+    return node
+
+
+def _set(doc: dict[str, Any], parts: Iterable[str], value: object) -> None:
+    *parents, leaf = parts
+    for part in parents:
+        doc = doc.setdefault(part, {})
+    doc[leaf] = value
+
+
+def _copy(node: Any) -> Any:
+    """Deep copy of a JSON-shaped document (dicts, lists, scalars); much cheaper than copy.deepcopy."""
+    if isinstance(node, dict):
+        return {key: _copy(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_copy(item) for item in node]
+    return node

@@ -1,0 +1,570 @@
+"""Persistence of engine state and settings (resilience.md §11) behind one small interface.
+
+`StateStore` is what the layers see; `SqliteStore` is the real one and `MemoryStore` serves tests
+and `--demo`. A shared backend (Redis, for several replicas) would be a third implementation.
+
+Two write paths, because they have different promises:
+
+- Engine transitions (`save_breakers`, `save_connections`, `save_lockouts`, `save_pins`,
+  `set_meta`) are write-behind. The request path only drops the record into a dict keyed like
+  the table (so 1,000 updates of one breaker are one row write) and returns in microseconds.
+  One writer thread commits everything pending as one transaction at most every 200 ms, so a
+  transition is on disk well within a second, and a crash loses at most the last batch.
+- `save_settings` is synchronous and durable before it returns: the API and the card only
+  acknowledge a change that a restart would keep.
+
+Crash safety comes from SQLite itself: WAL plus one transaction per batch, so after `kill -9` the
+database holds exactly the last committed batch. Blocking calls (`load`, `save_settings`, `flush`,
+`close`) belong at startup / shutdown or in `asyncio.to_thread`, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from proxy.resilience.errors import OmniRouteError
+
+__all__ = ["SCHEMA_VERSION", "MemoryStore", "SqliteStore", "StateStore", "StoreError", "StoredState"]
+
+_log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""Stored in `PRAGMA user_version`; a database from a newer version is refused, not rewritten."""
+
+_BATCH_INTERVAL_S = 0.2
+_RETRY_DELAY_S = 1.0
+_CLOSE_JOIN_TIMEOUT_S = 10.0
+
+_LockoutKey = tuple[str, str, str]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class StoreError(OmniRouteError):
+    """The state database cannot be opened, read or written."""
+
+    code = "state_store_error"
+
+
+@dataclass
+class StoredState:
+    """Everything `load()` returns: the raw records, for each layer to restore from."""
+
+    breakers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """provider -> CircuitBreaker.to_record()"""
+    connections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """connection id -> ConnectionHealth.to_record()"""
+    lockouts: list[dict[str, Any]] = field(default_factory=list)
+    """LockoutEntry.to_record() each (keys provider, connection_id, model, ...)"""
+    settings: dict[str, Any] | None = None
+    """The settings document, None if never saved."""
+    pins: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """session key -> (connection id, expires_at epoch ms)"""
+    meta: dict[str, str] = field(default_factory=dict)
+    """Free key/values (e.g. credential fingerprints per connection)."""
+
+
+class StateStore(Protocol):
+    def load(self) -> StoredState:
+        """Everything stored. Blocking: call at startup (or via asyncio.to_thread)."""
+        ...
+
+    def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        """Upsert provider -> record. Write-behind: returns at once."""
+        ...
+
+    def save_connections(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        """Upsert connection id -> record. Write-behind: returns at once."""
+        ...
+
+    def save_lockouts(
+        self, upserts: Sequence[Mapping[str, Any]], deletes: Sequence[tuple[str, str, str]]
+    ) -> None:
+        """Upsert records (keyed by their provider, connection_id, model), then delete (provider,
+        connection_id, model) triples; a triple in both is deleted. Write-behind: returns at once."""
+        ...
+
+    def save_pins(self, upserts: Mapping[str, tuple[str, float]], deletes: Sequence[str]) -> None:
+        """Upsert session key -> (connection id, expires_at), then delete keys. Write-behind."""
+        ...
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Upsert one free key/value. Write-behind."""
+        ...
+
+    def save_settings(self, document: Mapping[str, Any]) -> None:
+        """Replace the settings document; durable before it returns. Blocking: use asyncio.to_thread."""
+        ...
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Block until everything queued so far is committed; False if that did not happen in time."""
+        ...
+
+    def close(self) -> None:
+        """Flush and close; idempotent. Later write-behind saves are dropped."""
+        ...
+
+
+def _lockout_key(record: Mapping[str, Any]) -> _LockoutKey:
+    try:
+        return (record["provider"], record["connection_id"], record["model"])
+    except KeyError as exc:
+        raise ValueError(
+            f"a lockout record needs provider, connection_id and model (missing {exc})"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class MemoryStore:
+    """The same protocol over dicts: nothing survives the process. For tests and `--demo`.
+
+    Records go through JSON on the way in, exactly as in SQLite, so a record that would not
+    survive a real restart (a tuple, a non-string key, an object) fails here too.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._breakers: dict[str, str] = {}
+        self._connections: dict[str, str] = {}
+        self._lockouts: dict[_LockoutKey, str] = {}
+        self._settings: str | None = None
+        self._pins: dict[str, tuple[str, float]] = {}
+        self._meta: dict[str, str] = {}
+
+    def load(self) -> StoredState:
+        with self._lock:
+            return StoredState(
+                breakers={k: json.loads(v) for k, v in self._breakers.items()},
+                connections={k: json.loads(v) for k, v in self._connections.items()},
+                lockouts=[json.loads(self._lockouts[k]) for k in sorted(self._lockouts)],
+                settings=None if self._settings is None else json.loads(self._settings),
+                pins=dict(self._pins),
+                meta=dict(self._meta),
+            )
+
+    def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        rows = {key: _dumps(record) for key, record in records.items()}
+        with self._lock:
+            if not self._closed:
+                self._breakers.update(rows)
+
+    def save_connections(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        rows = {key: _dumps(record) for key, record in records.items()}
+        with self._lock:
+            if not self._closed:
+                self._connections.update(rows)
+
+    def save_lockouts(
+        self, upserts: Sequence[Mapping[str, Any]], deletes: Sequence[tuple[str, str, str]]
+    ) -> None:
+        rows = {_lockout_key(record): _dumps(record) for record in upserts}
+        with self._lock:
+            if self._closed:
+                return
+            self._lockouts.update(rows)
+            for provider, connection_id, model in deletes:
+                self._lockouts.pop((provider, connection_id, model), None)
+
+    def save_pins(self, upserts: Mapping[str, tuple[str, float]], deletes: Sequence[str]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for key, (connection_id, expires_at) in upserts.items():
+                self._pins[key] = (connection_id, float(expires_at))
+            for key in deletes:
+                self._pins.pop(key, None)
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            if not self._closed:
+                self._meta[key] = value
+
+    def save_settings(self, document: Mapping[str, Any]) -> None:
+        text = _dumps(document)
+        with self._lock:
+            if self._closed:
+                raise StoreError("state store is closed")
+            self._settings = text
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+_SCHEMA_SQL = """
+CREATE TABLE breakers (provider TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE connections (id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE lockouts (
+    provider TEXT NOT NULL,
+    connection_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (provider, connection_id, model)
+);
+CREATE TABLE settings (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
+CREATE TABLE pins (key TEXT PRIMARY KEY, connection_id TEXT NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_TABLES = frozenset({"breakers", "connections", "lockouts", "settings", "pins", "meta"})
+_SQL = {
+    "breaker": "INSERT OR REPLACE INTO breakers (provider, data) VALUES (?, ?)",
+    "connection": "INSERT OR REPLACE INTO connections (id, data) VALUES (?, ?)",
+    "lockout": "INSERT OR REPLACE INTO lockouts (provider, connection_id, model, data) VALUES (?, ?, ?, ?)",
+    "lockout_delete": "DELETE FROM lockouts WHERE provider = ? AND connection_id = ? AND model = ?",
+    "pin": "INSERT OR REPLACE INTO pins (key, connection_id, expires_at) VALUES (?, ?, ?)",
+    "pin_delete": "DELETE FROM pins WHERE key = ?",
+    "meta": "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+}
+
+
+@dataclass
+class _Batch:
+    """What the writer took from the queue in one go; `seq` is the last enqueue it contains."""
+
+    seq: int
+    breakers: dict[str, Mapping[str, Any]]
+    connections: dict[str, Mapping[str, Any]]
+    lockouts: dict[_LockoutKey, Mapping[str, Any] | None]  # None = delete
+    pins: dict[str, tuple[str, float] | None]  # None = delete
+    meta: dict[str, str]
+
+    def size(self) -> int:
+        return (
+            len(self.breakers) + len(self.connections) + len(self.lockouts) + len(self.pins) + len(self.meta)
+        )
+
+
+class SqliteStore:
+    """SQLite (WAL) with a write-behind queue and one writer thread.
+
+    Two connections: the writer thread's own (synchronous=NORMAL: a crash keeps every committed
+    batch, which is the promise for engine state) and a foreground one for `load` and
+    `save_settings` (synchronous=FULL: an acknowledged settings change survives even a power cut).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, batch_interval: float = _BATCH_INTERVAL_S) -> None:
+        """Open or create the database; StoreError if the file is not a state database."""
+        self.path = os.fspath(path)
+        self._batch_interval = batch_interval
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create its directory ({exc})") from exc
+        self._fg = self._connect(synchronous="FULL", prepare=True)
+        self._fg_lock = threading.Lock()
+        try:
+            self._writer_db = self._connect(synchronous="NORMAL", prepare=False)
+        except StoreError:
+            self._fg.close()
+            raise
+
+        # Everything below is guarded by _lock. The request path takes the bare lock (a C-level
+        # context manager, cheaper than Condition.__enter__); _cond shares it for the waits.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._breakers: dict[str, Mapping[str, Any]] = {}
+        self._connections: dict[str, Mapping[str, Any]] = {}
+        self._lockouts: dict[_LockoutKey, Mapping[str, Any] | None] = {}
+        self._pins: dict[str, tuple[str, float] | None] = {}
+        self._meta: dict[str, str] = {}
+        self._dirty = False
+        self._enqueued = 0  # number of save_* calls accepted so far
+        self._committed = 0  # value of _enqueued covered by the last commit
+        self._flush_wanted = False
+        self._closed = False
+        self._rows_written = 0
+
+        self._thread = threading.Thread(target=self._run, name="omniroute-state-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def rows_written(self) -> int:
+        """Rows the writer has written (upserts plus deletes): shows how well the queue coalesces."""
+        with self._cond:
+            return self._rows_written
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _connect(self, *, synchronous: str, prepare: bool) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = None
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a batch is exactly one
+            # transaction. check_same_thread=False: each connection is used by one thread at a time
+            # (the writer's by the writer; the foreground one under _fg_lock), not by its creator.
+            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            if prepare:
+                self._prepare(conn)
+            return conn
+        except sqlite3.DatabaseError as exc:
+            if conn is not None:
+                conn.close()
+            raise StoreError(f"{self.path}: not a valid state database ({exc})") from exc
+        except StoreError:
+            if conn is not None:
+                conn.close()
+            raise
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """Check that the file is ours and intact; create the schema in a new file."""
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: not a valid state database (schema {version} is newer than {SCHEMA_VERSION};"
+                " written by a newer omniroute)"
+            )
+        if version == 0:
+            if tables:
+                raise StoreError(f"{self.path}: not a valid state database (unknown tables {sorted(tables)})")
+            conn.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA_SQL} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            )
+            return
+        if missing := _TABLES - tables:
+            raise StoreError(f"{self.path}: not a valid state database (missing tables {sorted(missing)})")
+        check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise StoreError(f"{self.path}: not a valid state database (integrity check: {check})")
+
+    # -- reading and the synchronous write ---------------------------------------------------
+
+    def load(self) -> StoredState:
+        """Everything stored, after committing what is queued. Blocking: call at startup or via to_thread."""
+        self.flush()
+        with self._fg_lock:
+            if self._closed:
+                raise StoreError("state store is closed")
+            try:
+                db = self._fg
+                settings = db.execute("SELECT data FROM settings WHERE id = 1").fetchone()
+                return StoredState(
+                    breakers={k: json.loads(v) for k, v in db.execute("SELECT provider, data FROM breakers")},
+                    connections={k: json.loads(v) for k, v in db.execute("SELECT id, data FROM connections")},
+                    lockouts=[
+                        json.loads(v)
+                        for (v,) in db.execute(
+                            "SELECT data FROM lockouts ORDER BY provider, connection_id, model"
+                        )
+                    ],
+                    settings=None if settings is None else json.loads(settings[0]),
+                    pins={
+                        k: (c, e) for k, c, e in db.execute("SELECT key, connection_id, expires_at FROM pins")
+                    },
+                    meta=dict(db.execute("SELECT key, value FROM meta")),
+                )
+            except (sqlite3.Error, ValueError) as exc:
+                raise StoreError(f"{self.path}: cannot read the state database ({exc})") from exc
+
+    def save_settings(self, document: Mapping[str, Any]) -> None:
+        """Replace the settings document, committed (and fsynced) before returning. Blocking: to_thread."""
+        text = _dumps(document)
+        with self._fg_lock:
+            if self._closed:
+                raise StoreError("state store is closed")
+            try:
+                self._fg.execute("INSERT OR REPLACE INTO settings (id, data) VALUES (1, ?)", (text,))
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: cannot save settings ({exc})") from exc
+
+    # -- write-behind: the request path --------------------------------------------------------
+    # Each call takes one uncontended lock, updates a dict and, only when the queue was empty,
+    # wakes the writer. Records are copied shallowly so a caller reusing its dict cannot change
+    # what gets written; serialisation happens on the writer thread.
+
+    def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for key, record in records.items():
+                self._breakers[key] = dict(record)
+            self._mark_dirty()
+
+    def save_connections(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for key, record in records.items():
+                self._connections[key] = dict(record)
+            self._mark_dirty()
+
+    def save_lockouts(
+        self, upserts: Sequence[Mapping[str, Any]], deletes: Sequence[tuple[str, str, str]]
+    ) -> None:
+        rows = [(_lockout_key(record), dict(record)) for record in upserts]
+        with self._lock:
+            if self._closed:
+                return
+            for key, record in rows:
+                self._lockouts[key] = record
+            for provider, connection_id, model in deletes:
+                self._lockouts[(provider, connection_id, model)] = None
+            self._mark_dirty()
+
+    def save_pins(self, upserts: Mapping[str, tuple[str, float]], deletes: Sequence[str]) -> None:
+        rows = {
+            key: (connection_id, float(expires_at)) for key, (connection_id, expires_at) in upserts.items()
+        }
+        with self._lock:
+            if self._closed:
+                return
+            self._pins.update(rows)
+            for key in deletes:
+                self._pins[key] = None
+            self._mark_dirty()
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._meta[key] = value
+            self._mark_dirty()
+
+    def _mark_dirty(self) -> None:
+        self._enqueued += 1
+        if not self._dirty:
+            self._dirty = True
+            self._cond.notify_all()
+
+    # -- flush / close ---------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Block until everything queued before this call is committed; False on timeout or write errors."""
+        with self._cond:
+            target = self._enqueued
+            if self._committed >= target:
+                return True
+            self._flush_wanted = True
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._committed >= target, timeout=timeout)
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer and close the database; idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True  # from here on write-behind saves are dropped
+            self._cond.notify_all()
+        self._thread.join(_CLOSE_JOIN_TIMEOUT_S)
+        with self._fg_lock:
+            self._fg.close()
+        if self._thread.is_alive():  # a hung disk: leave its connection to the daemon thread
+            _log.error("%s: the state writer did not stop within %ss", self.path, _CLOSE_JOIN_TIMEOUT_S)
+        else:
+            self._writer_db.close()
+
+    # -- the writer thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._dirty or self._closed)
+                # Gather for one interval so a burst of transitions becomes one transaction;
+                # a flush or close cuts the wait short.
+                self._cond.wait_for(lambda: self._flush_wanted or self._closed, timeout=self._batch_interval)
+                batch = self._take()
+                closing = self._closed
+            error = self._write(batch) if batch is not None else None
+            with self._cond:
+                if error is None:
+                    if batch is not None:
+                        self._committed = batch.seq
+                        self._rows_written += batch.size()
+                else:
+                    self._restore(batch)
+                if not self._dirty:
+                    self._flush_wanted = False
+                self._cond.notify_all()
+                if closing and (error is not None or not self._dirty):
+                    if error is not None:
+                        _log.error("%s: state lost at close, the last batch failed: %s", self.path, error)
+                    return
+                if error is not None:
+                    _log.warning("%s: state write failed, retrying: %s", self.path, error)
+                    self._cond.wait_for(lambda: self._closed, timeout=_RETRY_DELAY_S)
+
+    def _take(self) -> _Batch | None:
+        if not self._dirty:
+            return None
+        batch = _Batch(
+            self._enqueued, self._breakers, self._connections, self._lockouts, self._pins, self._meta
+        )
+        self._breakers, self._connections, self._lockouts, self._pins, self._meta = {}, {}, {}, {}, {}
+        self._dirty = False
+        return batch
+
+    def _restore(self, batch: _Batch | None) -> None:
+        """Put a failed batch back under whatever was queued since (newer values win)."""
+        if batch is None:
+            return
+        _merge_back(self._breakers, batch.breakers)
+        _merge_back(self._connections, batch.connections)
+        _merge_back(self._lockouts, batch.lockouts)
+        _merge_back(self._pins, batch.pins)
+        _merge_back(self._meta, batch.meta)
+        self._dirty = True
+
+    def _write(self, batch: _Batch) -> sqlite3.Error | None:
+        """Commit one batch in one transaction; the error if it failed (nothing of it is then on disk)."""
+        # Serialise first: a record JSON cannot encode would fail every retry, so it is dropped
+        # (and logged) instead of holding every later transition back.
+        breakers = self._encode(batch.breakers.items())
+        connections = self._encode(batch.connections.items())
+        lockouts = self._encode((key, record) for key, record in batch.lockouts.items() if record is not None)
+        lockout_deletes = [key for key, record in batch.lockouts.items() if record is None]
+        pins = [(key, *pin) for key, pin in batch.pins.items() if pin is not None]
+        pin_deletes = [(key,) for key, pin in batch.pins.items() if pin is None]
+        db = self._writer_db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(_SQL["breaker"], breakers)
+                db.executemany(_SQL["connection"], connections)
+                db.executemany(_SQL["lockout"], [(*key, data) for key, data in lockouts])
+                db.executemany(_SQL["lockout_delete"], lockout_deletes)
+                db.executemany(_SQL["pin"], pins)
+                db.executemany(_SQL["pin_delete"], pin_deletes)
+                db.executemany(_SQL["meta"], batch.meta.items())
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            return exc
+        return None
+
+    def _encode(self, items: Iterable[tuple[_K, Mapping[str, Any]]]) -> list[tuple[_K, str]]:
+        rows: list[tuple[_K, str]] = []
+        for key, record in items:
+            try:
+                rows.append((key, _dumps(record)))
+            except (TypeError, ValueError) as exc:
+                _log.error("%s: dropping a record for %r that is not JSON: %s", self.path, key, exc)
+        return rows
+
+
+def _merge_back(pending: dict[_K, _V], failed: Mapping[_K, _V]) -> None:
+    for key, value in failed.items():
+        pending.setdefault(key, value)
+
+
+def _dumps(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"))

@@ -1,0 +1,555 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from proxy.config import (
+    BUILTIN_LOCAL_PROVIDERS,
+    ConfigError,
+    ConnectionConfig,
+    ServerConfig,
+    default_config_path,
+    default_state_path,
+    embedded_default,
+    load_config,
+    render_starter_config,
+    resolve_config_path,
+    resolve_state_path,
+)
+
+FULL_EXAMPLE = """
+[server]
+host = "127.0.0.1"
+port = 20200
+management_token = "mgmt-token-123"
+api_keys = ["sk-local-aaa", "sk-local-bbb"]
+default_combo = "coding"
+connect_timeout_ms = 5000
+first_byte_timeout_ms = 60000
+idle_timeout_ms = 30000
+
+[providers.ollama]
+class = "local"
+base_url = "http://localhost:11434/v1/"
+
+[[providers.ollama.connections]]
+id = "ollama-1"
+max_concurrent = 1
+
+[providers.openai]
+class = "apikey"
+base_url = "https://api.openai.com/v1"
+per_model_quota = true
+rate_limit = false
+
+[providers.openai.headers]
+OpenAI-Organization = "org-42"
+
+[[providers.openai.restate]]
+id = "quota-403"
+from = [403]
+to = 429
+markers = ["quota"]
+exclude = ["forbidden"]
+retry_after_ms = 30000
+
+[[providers.openai.connections]]
+id = "openai-main"
+api_key_env = "OPENAI_API_KEY"
+priority = 1
+max_concurrent = 4
+
+[[providers.openai.connections]]
+id = "openai-spare"
+name = "Spare key"
+api_key = "sk-spare-0123456789wxyz"
+priority = 2
+enabled = false
+disable_cooling = true
+
+[combos.coding]
+strategy = "priority"
+targets = ["ollama/qwen2.5-coder:7b", "openai/gpt-4o-mini"]
+
+[combos.spread]
+strategy = "round-robin"
+targets = ["openai/gpt-4o"]
+"""
+
+MINIMAL_PROVIDER = """
+[providers.openai]
+class = "apikey"
+base_url = "https://api.openai.com/v1"
+
+[[providers.openai.connections]]
+id = "openai-main"
+"""
+
+
+def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    path.chmod(mode)
+    return path
+
+
+def error_for(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {}, explicit=True)
+    return str(info.value)
+
+
+# --- the embedded default ------------------------------------------------------------------------
+
+
+def test_embedded_default_has_the_four_local_servers() -> None:
+    config = embedded_default()
+    assert list(config.providers) == ["ollama", "lmstudio", "llamacpp", "vllm"]
+    assert config.providers["llamacpp"].base_url == "http://127.0.0.1:8080/v1"
+    assert config.providers["ollama"].base_url == "http://localhost:11434/v1"
+    for pid, provider in config.providers.items():
+        assert provider.provider_class == "local"
+        assert provider.per_model_quota is True
+        assert provider.rate_limit is None
+        assert [c.id for c in provider.connections] == [f"{pid}-1"]
+        assert provider.connections[0].api_key is None
+    assert (config.server.host, config.server.port) == ("127.0.0.1", 20128)
+    assert config.server.management_token is None
+    assert config.combos == {}
+    assert config.source is None
+    assert config.warnings == ()
+    conn = config.connection("vllm-1")
+    assert conn is not None and conn.provider == "vllm"
+    assert config.connection("nope") is None
+
+
+def test_missing_default_file_falls_back_to_the_embedded_default(tmp_path: Path) -> None:
+    assert load_config(None, {}).providers.keys() == embedded_default().providers.keys()
+    config = load_config(tmp_path / "absent.toml", {}, explicit=False)
+    assert config.source is None
+    assert list(config.providers) == list(BUILTIN_LOCAL_PROVIDERS)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {}, explicit=True)
+    assert str(info.value) == f"{path}: no such file"
+
+
+def test_env_management_token_wins_over_file_and_default(tmp_path: Path) -> None:
+    env = {"OMNIROUTE_MANAGEMENT_TOKEN": "from-env"}
+    assert load_config(None, env).server.management_token == "from-env"
+    path = write(tmp_path, '[server]\nmanagement_token = "from-file"\n')
+    assert load_config(path, env).server.management_token == "from-env"
+    assert load_config(path, {}).server.management_token == "from-file"
+
+
+# --- a full file ---------------------------------------------------------------------------------
+
+
+def test_full_example_loads_every_field(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL_EXAMPLE)
+    config = load_config(path, {"OPENAI_API_KEY": "sk-proj-abcdefghijklmnop"}, explicit=True)
+
+    assert config.source == path
+    assert config.warnings == ()
+    assert config.server == ServerConfig(
+        host="127.0.0.1",
+        port=20200,
+        management_token="mgmt-token-123",
+        api_keys=("sk-local-aaa", "sk-local-bbb"),
+        default_combo="coding",
+        connect_timeout_ms=5000,
+        first_byte_timeout_ms=60000,
+        idle_timeout_ms=30000,
+    )
+
+    ollama = config.providers["ollama"]
+    assert ollama.provider_class == "local"
+    assert ollama.base_url == "http://localhost:11434/v1"  # trailing slash dropped
+    assert ollama.per_model_quota is True
+    assert ollama.rate_limit is None
+    assert ollama.restate == ()
+    assert ollama.headers == {}
+    assert ollama.connections == (
+        ConnectionConfig(
+            id="ollama-1",
+            provider="ollama",
+            name="ollama-1",
+            api_key=None,
+            api_key_env=None,
+            max_concurrent=1,
+        ),
+    )
+
+    openai = config.providers["openai"]
+    assert openai.provider_class == "apikey"
+    assert openai.base_url == "https://api.openai.com/v1"
+    assert openai.per_model_quota is True
+    assert openai.rate_limit is False
+    assert dict(openai.headers) == {"OpenAI-Organization": "org-42"}
+    assert len(openai.restate) == 1
+    rule = openai.restate[0]
+    assert (rule.id, rule.from_statuses, rule.to_status) == ("quota-403", (403,), 429)
+    assert (rule.markers, rule.exclude, rule.retry_after_ms) == (("quota",), ("forbidden",), 30000)
+    main, spare = openai.connections
+    assert main == ConnectionConfig(
+        id="openai-main",
+        provider="openai",
+        name="openai-main",
+        api_key="sk-proj-abcdefghijklmnop",
+        api_key_env="OPENAI_API_KEY",
+        priority=1,
+        max_concurrent=4,
+    )
+    assert spare == ConnectionConfig(
+        id="openai-spare",
+        provider="openai",
+        name="Spare key",
+        api_key="sk-spare-0123456789wxyz",
+        api_key_env=None,
+        priority=2,
+        enabled=False,
+        disable_cooling=True,
+    )
+    assert config.connection("openai-spare") is spare
+
+    assert list(config.combos) == ["coding", "spread"]
+    coding = config.combos["coding"]
+    assert (coding.name, coding.strategy) == ("coding", "priority")
+    assert coding.targets == ("ollama/qwen2.5-coder:7b", "openai/gpt-4o-mini")
+    assert config.combos["spread"].strategy == "round-robin"
+
+
+def test_builtin_local_provider_needs_neither_class_nor_base_url(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[providers.llamacpp.connections]]\nid = "slot"\n')
+    provider = load_config(path, {}).providers["llamacpp"]
+    assert (provider.provider_class, provider.base_url) == ("local", "http://127.0.0.1:8080/v1")
+
+
+def test_defaults_for_an_apikey_provider(tmp_path: Path) -> None:
+    provider = load_config(write(tmp_path, MINIMAL_PROVIDER), {}).providers["openai"]
+    assert provider.per_model_quota is False
+    assert provider.rate_limit is None
+    conn = provider.connections[0]
+    assert (conn.name, conn.priority, conn.max_concurrent, conn.enabled, conn.disable_cooling) == (
+        "openai-main",
+        100,
+        None,
+        True,
+        False,
+    )
+
+
+# --- keys and secrets ----------------------------------------------------------------------------
+
+
+def test_api_key_env_is_resolved_from_the_given_env(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "MY_KEY"\n')
+    conn = load_config(path, {"MY_KEY": "sk-from-env-9876"}).providers["openai"].connections[0]
+    assert (conn.api_key, conn.api_key_env) == ("sk-from-env-9876", "MY_KEY")
+
+
+def test_unset_api_key_env_gives_no_key_and_a_warning(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "MY_KEY"\n')
+    config = load_config(path, {"MY_KEY": ""})
+    assert config.providers["openai"].connections[0].api_key is None
+    assert config.warnings == (
+        f"{path}: providers.openai.connections[0].api_key_env: MY_KEY is not set, "
+        "so connection 'openai-main' sends no key",
+    )
+
+
+def test_inline_key_in_a_world_readable_file_warns(tmp_path: Path) -> None:
+    if os.name == "nt":
+        pytest.skip("no POSIX modes")
+    path = write(tmp_path, MINIMAL_PROVIDER + 'api_key = "sk-inline-0123456789"\n', mode=0o644)
+    (warning,) = load_config(path, {}).warnings
+    assert warning.startswith(f"{path}: holds secrets inline (providers.openai.connections[0].api_key)")
+    assert "mode 0644" in warning
+    assert f"chmod 600 {path}" in warning
+
+
+def test_inline_key_in_a_private_file_does_not_warn(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL_PROVIDER + 'api_key = "sk-inline-0123456789"\n', mode=0o600)
+    assert load_config(path, {}).warnings == ()
+
+
+def test_group_readable_token_warns_but_env_key_does_not(tmp_path: Path) -> None:
+    if os.name == "nt":
+        pytest.skip("no POSIX modes")
+    path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "K"\n', mode=0o644)
+    assert load_config(path, {"K": "sk-x"}).warnings == ()
+    path = write(tmp_path, '[server]\nmanagement_token = "t0ken"\n', mode=0o640)
+    (warning,) = load_config(path, {}).warnings
+    assert "server.management_token" in warning and "mode 0640" in warning
+
+
+@pytest.mark.parametrize(
+    ("key", "masked"),
+    [
+        ("sk-proj-abcdefghijklmnop", "sk-…mnop"),
+        ("sk-abcdefghi", "sk-…fghi"),  # 12 chars: the long form
+        ("abcdefghijk", "…jk"),  # 11 chars: too short to show 7 of them
+        ("abcde", "…de"),
+        ("abcd", "…"),
+        (None, None),
+    ],
+)
+def test_masked_key_forms(key: str | None, masked: str | None) -> None:
+    conn = ConnectionConfig(id="c", provider="p", name="c", api_key=key, api_key_env=None)
+    assert conn.masked_key() == masked
+
+
+def test_fingerprint_follows_the_key_and_repr_hides_it() -> None:
+    a = ConnectionConfig(id="c", provider="p", name="c", api_key="sk-secret-one", api_key_env=None)
+    b = ConnectionConfig(id="c", provider="p", name="c", api_key="sk-secret-two", api_key_env=None)
+    none = ConnectionConfig(id="c", provider="p", name="c", api_key=None, api_key_env=None)
+    assert len(a.fingerprint()) == 16
+    assert a.fingerprint() != b.fingerprint()
+    assert a.fingerprint() == ConnectionConfig("d", "q", "d", "sk-secret-one", None).fingerprint()
+    assert none.fingerprint() == "e3b0c44298fc1c14"  # sha256 of ""
+    assert "sk-secret-one" not in repr(a)
+    assert "hunter2" not in repr(ServerConfig(management_token="hunter2", api_keys=("hunter2",)))
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            '[server]\nport = 20128\nhost = "127.0.0.1\n',
+            "line 3: Illegal character '\\n' (column 18; invalid TOML)",
+            id="syntax",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace("base_url", "base_ur"),
+            "providers.openai.base_ur: unknown key (did you mean 'base_url'?)",
+            id="typo",
+        ),
+        pytest.param(
+            "[providers]\nx = 3\n", "providers.x: must be a table (got an integer)", id="not-a-table"
+        ),
+        pytest.param("[sever]\n", "sever: unknown key (did you mean 'server'?)", id="unknown-section"),
+        pytest.param(
+            '[server]\nport = "20128"\n',
+            "server.port: must be an integer between 1 and 65,535 (got a string)",
+            id="wrong-type",
+        ),
+        pytest.param(
+            "[server]\nport = true\n",
+            "server.port: must be an integer between 1 and 65,535 (got a boolean)",
+            id="bool-for-int",
+        ),
+        pytest.param(
+            "[server]\nport = 70000\n",
+            "server.port: must be an integer between 1 and 65,535 (got 70000)",
+            id="port-range",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace('"apikey"', '"x"'),
+            "providers.openai.class: must be one of local, apikey, oauth (got 'x')",
+            id="class",
+        ),
+        pytest.param(
+            '[providers.openai]\nbase_url = "https://a/v1"\n[[providers.openai.connections]]\nid = "o"\n',
+            "providers.openai.class: missing (required): one of local, apikey, oauth",
+            id="class-missing",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace("https://api.openai.com/v1", "ftp://api.openai.com"),
+            "providers.openai.base_url: must be an http:// or https:// URL with a host",
+            id="url-scheme",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace("https://api.openai.com/v1", "http://:8080/v1"),
+            "providers.openai.base_url: must be an http:// or https:// URL with a host",
+            id="url-no-host",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + '[[providers.ollama.connections]]\nid = "openai-main"\n',
+            "providers.ollama.connections[0].id: duplicate connection id 'openai-main' "
+            "(already used at providers.openai.connections[0].id)",
+            id="duplicate-connection",
+        ),
+        pytest.param(
+            '[providers.openai]\nclass = "apikey"\nbase_url = "https://api.openai.com/v1"\n',
+            "providers.openai.connections: a provider needs at least one connection",
+            id="no-connections",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + '[combos.c]\ntargets = ["nope/model-a"]\n',
+            "combos.c.targets[0]: names unknown provider 'nope' (providers: openai)",
+            id="combo-unknown-provider",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + '[combos.c]\ntargets = ["gpt-4o"]\n',
+            "combos.c.targets[0]: must be provider/model (got 'gpt-4o')",
+            id="combo-no-slash",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + '[combos.c]\nstrategy = "random"\ntargets = ["openai/gpt-4o"]\n',
+            "combos.c.strategy: must be one of priority, round-robin (got 'random')",
+            id="combo-strategy",
+        ),
+        pytest.param(
+            '[server]\ndefault_combo = "coding"\n',
+            "server.default_combo: names unknown combo 'coding' (combos: none defined)",
+            id="default-combo",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + 'api_key = "sk-a"\napi_key_env = "OPENAI_API_KEY"\n',
+            "providers.openai.connections[0]: set api_key or api_key_env, not both",
+            id="both-keys",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace('id = "openai-main"', 'id = "a/b"'),
+            "providers.openai.connections[0].id: connection id 'a/b' must start with",
+            id="bad-connection-id",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + "max_concurrent = 0\n",
+            "providers.openai.connections[0].max_concurrent: must be an integer between 1 and 10,000 (got 0)",
+            id="max-concurrent",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + '[providers.openai.headers]\nX-Bad = "a\\nb"\n',
+            "providers.openai.headers.X-Bad: must not contain line breaks or NUL",
+            id="header-value",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER
+            + '[[providers.openai.restate]]\nid = "r"\nfrom = [403]\nto = 429\nmarker = ["q"]\n',
+            "providers.openai.restate[0].marker: unknown key (did you mean 'markers'?)",
+            id="restate-typo",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER
+            + '[[providers.openai.restate]]\nid = "r"\nfrom = "403"\nto = 429\nmarkers = ["q"]\n',
+            "providers.openai.restate[0]: ",
+            id="restate-bad-rule",
+        ),
+    ],
+)
+def test_each_error_kind_names_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_for(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 'config.toml'}: ")
+    assert expected in message
+
+
+def test_all_problems_are_reported_together(tmp_path: Path) -> None:
+    text = MINIMAL_PROVIDER.replace('"apikey"', '"cloud"') + (
+        'priorty = 1\n[server]\nport = 0\n[combos.c]\ntargets = ["ghost/m"]\n'
+    )
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {})
+    assert str(info.value).splitlines() == [
+        f"{path}: server.port: must be an integer between 1 and 65,535 (got 0)",
+        f"{path}: providers.openai.class: must be one of local, apikey, oauth (got 'cloud')",
+        f"{path}: providers.openai.connections[0].priorty: unknown key (did you mean 'priority'?)",
+        f"{path}: combos.c.targets[0]: names unknown provider 'ghost' (providers: openai)",
+    ]
+    assert info.value.path == path
+    assert len(info.value.problems) == 4
+
+
+def test_unreadable_inputs_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path, {}, explicit=True)
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[server]\nhost = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=r"latin1\.toml: line 2: not UTF-8 text \(byte 20\)"):
+        load_config(path, {})
+
+
+def test_syntax_error_at_end_of_document(tmp_path: Path) -> None:
+    assert (
+        error_for(tmp_path, "[server]\nport =")
+        == f"{tmp_path / 'config.toml'}: Invalid value (at end of document) (invalid TOML)"
+    )
+
+
+# --- server exposure -----------------------------------------------------------------------------
+
+
+def test_bind_refusal_for_non_loopback_without_token_and_keys() -> None:
+    assert ServerConfig().bind_refusal() is None
+    assert ServerConfig(host="localhost").bind_refusal() is None
+    assert ServerConfig().bind_refusal("::1") is None
+    refusal = ServerConfig().bind_refusal("0.0.0.0")
+    assert refusal is not None and "0.0.0.0" in refusal and "management_token" in refusal
+    assert ServerConfig(host="0.0.0.0", management_token="t").bind_refusal() is not None
+    assert ServerConfig(host="0.0.0.0", management_token="t", api_keys=("k",)).bind_refusal() is None
+
+
+def test_exposed_host_in_the_file_warns(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nhost = "0.0.0.0"\n')
+    (warning,) = load_config(path, {}).warnings
+    assert warning.startswith(f"{path}: server.host: refusing to listen on 0.0.0.0")
+
+
+# --- starter file --------------------------------------------------------------------------------
+
+
+def test_starter_config_for_detected_servers_loads_back(tmp_path: Path) -> None:
+    text = render_starter_config(
+        {"ollama": "http://localhost:11434/v1", "llamacpp": "http://127.0.0.1:8080/v1"}
+    )
+    assert '# [providers.openai]\n# class = "apikey"' in text
+    assert "# [providers.lmstudio]" in text
+    config = load_config(write(tmp_path, text, mode=0o644), {})
+    assert config.warnings == ()
+    assert list(config.providers) == ["ollama", "llamacpp"]
+    assert config.providers["ollama"].connections[0].id == "ollama-1"
+    assert config.providers["llamacpp"].base_url == "http://127.0.0.1:8080/v1"
+    assert (config.server.host, config.server.port) == ("127.0.0.1", 20128)
+    assert config.combos == {}
+
+
+def test_starter_config_with_nothing_detected_matches_the_embedded_default(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, render_starter_config({})), {})
+    default = embedded_default()
+    assert dict(config.providers) == dict(default.providers)
+    assert config.server == default.server
+
+
+def test_starter_config_quotes_odd_urls(tmp_path: Path) -> None:
+    odd = 'http://gpu-box:8000/v1"\\x\t'
+    text = render_starter_config({"vllm": odd})
+    assert load_config(write(tmp_path, text), {}).providers["vllm"].base_url == 'http://gpu-box:8000/v1"\\x'
+    with pytest.raises(ValueError, match="not a valid provider id"):
+        render_starter_config({"a/b": "http://x"})
+
+
+# --- paths ---------------------------------------------------------------------------------------
+
+
+def test_config_path_precedence_cli_then_env_then_default() -> None:
+    env = {"OMNIROUTE_CONFIG": "/env/config.toml"}
+    assert resolve_config_path("/cli/config.toml", env) == Path("/cli/config.toml")
+    assert resolve_config_path(None, env) == Path("/env/config.toml")
+    assert resolve_config_path(None, {}) == default_config_path()
+    assert resolve_config_path(None, {"OMNIROUTE_CONFIG": ""}) == default_config_path()
+
+
+def test_state_path_precedence_cli_then_env_then_default() -> None:
+    env = {"OMNIROUTE_STATE": "/env/state.db"}
+    assert resolve_state_path("/cli/state.db", env) == Path("/cli/state.db")
+    assert resolve_state_path(None, env) == Path("/env/state.db")
+    assert resolve_state_path(None, {}) == default_state_path()
+
+
+def test_default_paths_follow_platformdirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.name == "nt" or os.uname().sysname == "Darwin":
+        pytest.skip("XDG variables only steer platformdirs on Linux")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert default_config_path() == tmp_path / "cfg" / "omniroute" / "config.toml"
+    assert default_state_path() == tmp_path / "data" / "omniroute" / "state.db"
