@@ -392,7 +392,10 @@ class Engine:
                     or (free and not best_free)
                     or (
                         free == best_free
-                        and (priority < best_priority or (priority == best_priority and conn.last_used < best_used))
+                        and (
+                            priority < best_priority
+                            or (priority == best_priority and conn.last_used < best_used)
+                        )
                     )
                 ):
                     best, best_free, best_priority, best_used = conn, free, priority, conn.last_used
@@ -431,17 +434,18 @@ class Engine:
             for conn in candidates:
                 cid = conn.spec.id
                 status = conn.health.status(now)
-                if cid in tried:
-                    yield Skip(name, cid, "already_tried", None, False)
-                elif status == "cooling":
+                entry = self.lockouts.get(target.provider, cid, target.model)
+                # What blocks a connection now matters more than whether this request tried it:
+                # a connection that just failed and is cooling is worth waiting for.
+                if status == "cooling":
                     yield Skip(name, cid, "cooling", conn.health.rate_limited_until, True)
                 elif status != "active":
                     yield Skip(name, cid, status, None, False)
-                else:
-                    entry = self.lockouts.get(target.provider, cid, target.model)
-                    if entry is not None and entry.remaining_ms(now) > 0:
-                        waitable = entry.reason not in ("not_found", "quota")
-                        yield Skip(name, cid, "locked", entry.expires_at, waitable)
+                elif entry is not None and entry.remaining_ms(now) > 0:
+                    waitable = entry.reason not in ("not_found", "model_not_found", "quota")
+                    yield Skip(name, cid, "locked", entry.expires_at, waitable)
+                elif cid in tried:
+                    yield Skip(name, cid, "already_tried", None, False)
 
     def order_targets(self, name: str, strategy: str, targets: Sequence[Target]) -> list[Target]:
         """Combo order for one request: as written (`priority`) or rotated (`round-robin`)."""

@@ -1,0 +1,251 @@
+"""The management API (surface.md §3): thin handlers over the engine and the settings.
+
+Each handler parses its input, calls one engine or runtime method, and answers with the camelCase
+shapes OmniRoute's dashboard uses. Authentication happens before any of this, in `proxy.guard`.
+Bad input never reaches the engine: it becomes a 400 naming every bad field, or a 404 for an
+unknown provider or connection, and nothing changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.resilience.errors import FieldError, SettingsError
+from proxy.responses import error_response, json_response
+from proxy.runtime import Runtime
+
+__all__ = ["MAX_BODY_BYTES", "management_routes"]
+
+MAX_BODY_BYTES = 1 << 20
+"""Management bodies are a few keys; anything near this size is a mistake, not a request."""
+
+SOURCE = "api"
+"""Who performed an operator action, as recorded in its `operator` event."""
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _Rejected(Exception):
+    """Bad input: answered as `{error: {message, type, code[, fields]}}` and nothing changes."""
+
+    def __init__(self, status: int, message: str, fields: list[FieldError] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.fields = fields
+
+    def response(self) -> Response:
+        code = {400: "invalid_request", 404: "not_found", 413: "request_too_large"}[self.status]
+        if self.fields is None:
+            return error_response(self.status, self.message, code)
+        return error_response(self.status, self.message, code, fields=[f.to_dict() for f in self.fields])
+
+
+def _invalid(fields: list[FieldError]) -> _Rejected:
+    return _Rejected(400, "; ".join(f"{f.field or 'body'}: {f.message}" for f in fields), fields)
+
+
+def _answers(handler: Handler) -> Handler:
+    """Turn a handler's `_Rejected` into its JSON answer."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except _Rejected as rejected:
+            return rejected.response()
+
+    return endpoint
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object. No body at all counts as `{}`; anything but an object is a 400."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _Rejected(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _Rejected(400, f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise _invalid([FieldError("", f"the body must be a JSON object, not {_json_kind(body)}")])
+    return body
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+def _unknown_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> list[FieldError]:
+    expected = ", ".join(allowed)
+    return [FieldError(key, f"unknown key (expected {expected})") for key in body if key not in allowed]
+
+
+def _text(body: dict[str, Any], key: str, errors: list[FieldError], *, required: bool) -> str | None:
+    """A non-empty string field; None when absent or null (an error too when `required`)."""
+    value = body.get(key)
+    if value is None:
+        if required:
+            errors.append(FieldError(key, "required: a non-empty string"))
+        return None
+    if not isinstance(value, str) or not value:
+        errors.append(FieldError(key, "must be a non-empty string"))
+        return None
+    return value
+
+
+def management_routes(runtime: Runtime) -> list[Route]:
+    """Every route of the management API, bound to one runtime."""
+    engine = runtime.engine
+
+    def connection_or_404(connection_id: str) -> None:
+        if connection_id not in engine.connections:
+            raise _Rejected(404, f"no connection '{connection_id}'")
+
+    def provider_or_404(provider: str) -> None:
+        if provider not in engine.providers:
+            raise _Rejected(404, f"no provider '{provider}'")
+
+    # -- health and breakers ------------------------------------------------------------------
+
+    async def health(request: Request) -> Response:
+        return json_response(engine.health_api(runtime.version))
+
+    async def reset_all_breakers(request: Request) -> Response:
+        return json_response({"success": True, "resetCount": engine.reset_breakers(source=SOURCE)})
+
+    async def reset_breakers(request: Request) -> Response:
+        body = await _json_body(request)
+        errors = _unknown_keys(body, ("provider",))
+        provider = _text(body, "provider", errors, required=False)
+        if errors:
+            raise _invalid(errors)
+        if provider is not None:
+            provider_or_404(provider)
+        return json_response({"ok": True, "resetCount": engine.reset_breakers(provider, source=SOURCE)})
+
+    # -- connections --------------------------------------------------------------------------
+
+    def connection_view(connection_id: str) -> dict[str, object]:
+        return engine.connection_api(engine.connections[connection_id], engine.clock.now())
+
+    async def connections(request: Request) -> Response:
+        return json_response({"connections": engine.connections_api()})
+
+    async def reset_connection(request: Request) -> Response:
+        connection_id: str = request.path_params["id"]
+        connection_or_404(connection_id)
+        engine.reset_connection(connection_id, source=SOURCE)
+        return json_response({"ok": True, "connection": connection_view(connection_id)})
+
+    async def update_connection(request: Request) -> Response:
+        """OmniRoute's `PUT /api/providers/{id}`: only the two resilience fields are accepted."""
+        connection_id: str = request.path_params["id"]
+        connection_or_404(connection_id)
+        body = await _json_body(request)
+        errors = _unknown_keys(body, ("rateLimitedUntil", "isActive"))
+        if "rateLimitedUntil" in body and body["rateLimitedUntil"] is not None:
+            errors.append(FieldError("rateLimitedUntil", "only null is accepted (it clears the cooldown)"))
+        if "isActive" in body and not isinstance(body["isActive"], bool):
+            errors.append(FieldError("isActive", "must be true or false"))
+        if not body:
+            errors.append(FieldError("", 'send {"rateLimitedUntil": null} and/or {"isActive": true|false}'))
+        if errors:
+            raise _invalid(errors)
+        if "rateLimitedUntil" in body:
+            engine.reset_connection(connection_id, source=SOURCE)
+        if "isActive" in body:
+            engine.set_connection_enabled(connection_id, body["isActive"], source=SOURCE)
+        return json_response({"connection": connection_view(connection_id)})
+
+    # -- model lockouts -----------------------------------------------------------------------
+
+    async def lockouts(request: Request) -> Response:
+        return json_response({"items": engine.lockouts_api()})
+
+    async def reenable(request: Request) -> Response:
+        body = await _json_body(request)
+        if "all" in body:
+            errors = [FieldError(key, 'cannot be combined with "all"') for key in body if key != "all"]
+            if body["all"] is not True:
+                errors.append(FieldError("all", "must be true (or send {provider, model[, connectionId]})"))
+            if errors:
+                raise _invalid(errors)
+            return json_response({"ok": True, "removed": engine.reenable_all(source=SOURCE)})
+        errors = _unknown_keys(body, ("provider", "model", "connectionId", "all"))
+        provider = _text(body, "provider", errors, required=True)
+        model = _text(body, "model", errors, required=True)
+        connection_id = _text(body, "connectionId", errors, required=False)
+        if errors or provider is None or model is None:
+            raise _invalid(errors)
+        provider_or_404(provider)
+        if connection_id is not None:
+            connection = engine.connections.get(connection_id)
+            if connection is None or connection.spec.provider != provider:
+                raise _Rejected(404, f"provider '{provider}' has no connection '{connection_id}'")
+        removed = engine.reenable(provider, model, connection_id, source=SOURCE)
+        return json_response({"ok": True, "removed": removed})
+
+    # -- settings -----------------------------------------------------------------------------
+
+    def settings_routes(path: str, group: str) -> list[Route]:
+        async def read(request: Request) -> Response:
+            return json_response(runtime.settings.document(group))
+
+        async def change(request: Request) -> Response:
+            body = await _json_body(request)
+            try:
+                return json_response(await runtime.patch_settings(body, group))
+            except SettingsError as exc:
+                raise _invalid(exc.fields) from None
+
+        return [
+            Route(path, _answers(read), methods=["GET"]),
+            Route(path, _answers(change), methods=["PATCH"]),
+        ]
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def events(request: Request) -> Response:
+        after_text = request.query_params.get("after", "0")
+        if not (after_text.isascii() and after_text.isdecimal()):
+            raise _invalid([FieldError("after", f"must be a non-negative integer (got {after_text!r})")])
+        return json_response({"events": [e.to_dict() for e in runtime.bus.after(int(after_text))]})
+
+    return [
+        Route("/api/monitoring/health", _answers(health), methods=["GET"]),
+        Route("/api/monitoring/health", _answers(reset_all_breakers), methods=["DELETE"]),
+        Route("/api/resilience/reset", _answers(reset_breakers), methods=["POST"]),
+        Route("/api/resilience/connections", _answers(connections), methods=["GET"]),
+        Route("/api/resilience/connections/{id}/reset", _answers(reset_connection), methods=["POST"]),
+        Route("/api/providers/{id}", _answers(update_connection), methods=["PUT"]),
+        Route("/api/resilience/model-cooldowns", _answers(lockouts), methods=["GET"]),
+        Route("/api/resilience/model-cooldowns", _answers(reenable), methods=["DELETE"]),
+        *settings_routes("/api/resilience", "resilience"),
+        *settings_routes("/api/settings", "settings"),
+        Route("/api/events", _answers(events), methods=["GET"]),
+    ]

@@ -1,0 +1,457 @@
+"""One client request, end to end: parse → select → admit → upstream → record → respond.
+
+The attempt loop follows resilience.md §7: try targets and connections in order, fall back on a
+fallback outcome, wait out short transient blocks (cooldown-aware retry) and answer with the
+statuses of §6–7 when nothing is left. Streams are relayed chunk by chunk; before the first
+byte a failed attempt may still fall back, after it the stream ends with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.config import Config
+from proxy.engine import Attempt, Engine, NoTarget, Target
+from proxy.resilience.errors import ExecutionTimeout, QueueFull
+from proxy.resilience.outcome import Outcome
+from proxy.resilience.watchdog import ThroughputWatchdog
+from proxy.responses import error_response, sse_error
+from proxy.router import Router
+from proxy.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
+WAIT_SLACK_MS = 50.0
+DISCONNECT_POLL_S = 0.25
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What one request has been through so far (for headers and the final error)."""
+
+    tried: list[str] = field(default_factory=list)
+    failed_attempts: int = 0
+    attempted_targets: set[str] = field(default_factory=set)
+    last_error: Response | None = None
+    client_retry_ms: int | None = None
+    waits: int = 0
+    waited_ms: float = 0.0
+
+
+class Pipeline:
+    def __init__(self, config: Config, engine: Engine, router: Router, upstream: UpstreamClient) -> None:
+        self.config = config
+        self.engine = engine
+        self.router = router
+        self.upstream = upstream
+
+    # ------------------------------------------------------------------ entry point
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        try:
+            raw = await _read_body(request)
+        except BodyTooLarge:
+            return error_response(413, "request body exceeds 32 MiB", "request_too_large")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            return error_response(400, "request body is not valid JSON", "invalid_json")
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object", "invalid_request")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return error_response(400, "`model` is required and must be a string", "missing_model")
+        stream = endpoint != "embeddings" and body.get("stream") is True
+
+        pinned = request.headers.get("x-omniroute-connection")
+        route = await self.router.resolve(model, pinned)
+        if route is None:
+            return error_response(
+                404,
+                f"model {model!r} is not a configured provider/model, combo, or model any upstream lists",
+                "model_not_found",
+            )
+        if not route.targets:
+            return error_response(
+                404, f"connection {pinned!r} is unknown or cannot serve {model!r}", "connection_not_found"
+            )
+        session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+
+        stats = self.engine.stats
+        stats.started()
+        response: Response | None = None
+        try:
+            response = await self._route(request, endpoint, body, route.targets, stream, session)
+            return response
+        finally:
+            # A stream counts itself when it ends; everything else ends here.
+            if not isinstance(response, StreamingResponse):
+                ok = response is not None and response.status_code < 400
+                stats.finished(ok, self.engine.clock.now())
+
+    # ------------------------------------------------------------------ the attempt loop
+
+    async def _route(
+        self,
+        request: Request,
+        endpoint: str,
+        body: dict[str, Any],
+        targets: list[Target],
+        stream: bool,
+        session: str | None,
+    ) -> Response:
+        engine = self.engine
+        progress = _Progress()
+        while True:
+            decision = engine.select(targets, tried=progress.tried, session=session)
+            if isinstance(decision, NoTarget):
+                waited = await self._maybe_wait(request, decision, progress)
+                if waited is None:
+                    return self._unavailable(decision, progress, targets)
+                if not waited:
+                    return error_response(499, "client disconnected while waiting", "client_disconnected")
+                progress.tried.clear()
+                continue
+            response = await self._attempt(decision, endpoint, body, stream, progress, targets, session)
+            if response is not None:
+                return response
+            progress.tried.append(decision.connection.spec.id)
+            progress.failed_attempts += 1
+
+    async def _maybe_wait(self, request: Request, decision: NoTarget, progress: _Progress) -> bool | None:
+        """Cooldown-aware retry: None = do not wait; True = waited; False = the client left."""
+        wait = self.engine.settings.combo_wait()
+        if not wait.active or not decision.all_waitable or progress.waits >= wait.max_attempts:
+            return None
+        wake = decision.earliest_waitable
+        if wake is None:
+            return None
+        delay_ms = max(0.0, wake - self.engine.clock.now()) + WAIT_SLACK_MS
+        if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
+            return None
+        progress.waits += 1
+        progress.waited_ms += delay_ms
+        remaining = delay_ms / 1000
+        while remaining > 0:
+            step = min(remaining, DISCONNECT_POLL_S)
+            await asyncio.sleep(step)
+            remaining -= step
+            if await request.is_disconnected():
+                return False
+        return True
+
+    async def _attempt(
+        self,
+        attempt: Attempt,
+        endpoint: str,
+        body: dict[str, Any],
+        stream: bool,
+        progress: _Progress,
+        targets: list[Target],
+        session: str | None,
+    ) -> Response | None:
+        """Run one attempt. A Response ends the request; None means: fall back to the next candidate."""
+        engine = self.engine
+        conn = attempt.connection
+        provider = attempt.provider
+        progress.attempted_targets.add(str(attempt.target))
+        headers = self._route_headers(attempt, progress, targets)
+        payload = dict(body)
+        payload["model"] = attempt.target.model
+        data = json.dumps(payload, ensure_ascii=False).encode()
+        url = f"{self.config.providers[provider.spec.id].base_url}/{endpoint}"
+        conn_config = self.config.connection(conn.spec.id)
+        api_key = conn_config.api_key if conn_config else None
+        extra = self.config.providers[provider.spec.id].headers
+
+        stack = AsyncExitStack()
+        try:
+            limiter = engine.limiter_for(conn, provider)
+            dispatch = await stack.enter_async_context(limiter.slot()) if limiter is not None else None
+            sem = conn.semaphore
+            if sem is not None:
+                quota = engine.settings.quota_share()
+                if quota.enabled:
+                    await stack.enter_async_context(
+                        sem.slot(queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms)
+                    )
+            send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
+            if limiter is not None and dispatch is not None:
+                upstream = await limiter.within_deadline(dispatch, send)
+            else:
+                upstream = await send
+        except QueueFull:
+            await stack.aclose()
+            engine.record(attempt, Outcome.local("request queue full"))
+            return error_response(
+                429,
+                f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
+                "RATE_LIMIT_QUEUE_FULL",
+                headers=headers,
+            )
+        except ExecutionTimeout:
+            await stack.aclose()
+            engine.record(attempt, Outcome.local("execution deadline passed"))
+            return error_response(
+                504,
+                f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
+                "RATE_LIMIT_EXECUTION_TIMEOUT",
+                headers=headers,
+            )
+        except UpstreamFailure as failure:
+            await stack.aclose()
+            self._failed(attempt, failure.outcome, progress, headers, session)
+            return None
+        except BaseException:
+            await stack.aclose()
+            engine.record(attempt, Outcome.disconnect())
+            raise
+
+        if upstream.status >= 400:
+            text = await upstream.read_error_text()
+            await stack.aclose()
+            recorded = engine.record(
+                attempt, Outcome(_STATUS, upstream.status, upstream.headers, text), session=session
+            )
+            status = recorded.status or upstream.status
+            if recorded.client_retry_after_ms is not None:
+                progress.client_retry_ms = recorded.client_retry_after_ms
+            passthrough_headers = dict(headers)
+            for name in ("retry-after", "retry-after-ms"):
+                if name in upstream.headers:
+                    passthrough_headers[name] = upstream.headers[name]
+            if recorded.client_retry_after_ms is not None:
+                passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
+            reply = Response(
+                text.encode(),
+                status_code=status,
+                media_type=upstream.content_type,
+                headers=passthrough_headers,
+            )
+            if recorded.verdict.fallback:
+                progress.last_error = reply
+                return None
+            return reply
+
+        if stream and upstream.content_type.startswith("text/event-stream"):
+            return await self._start_stream(attempt, upstream, stack, headers, progress, session)
+
+        try:
+            content = await upstream.read()
+        except UpstreamFailure as failure:
+            await stack.aclose()
+            self._failed(attempt, failure.outcome, progress, headers, session)
+            return None
+        except BaseException:
+            await stack.aclose()
+            engine.record(attempt, Outcome.disconnect())
+            raise
+        await stack.aclose()
+        engine.record(attempt, Outcome.ok(upstream.status), session=session)
+        return Response(
+            content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
+        )
+
+    # ------------------------------------------------------------------ streams
+
+    async def _start_stream(
+        self,
+        attempt: Attempt,
+        upstream: UpstreamResponse,
+        stack: AsyncExitStack,
+        headers: dict[str, str],
+        progress: _Progress,
+        session: str | None,
+    ) -> Response | None:
+        """Wait for the first chunk (fallback still possible), then commit to relaying."""
+        engine = self.engine
+        chunks = upstream.chunks()
+        try:
+            first = await anext(chunks, b"")
+        except UpstreamFailure as failure:
+            upstream.close()
+            await stack.aclose()
+            self._failed(attempt, failure.outcome, progress, headers, session)
+            return None
+        except BaseException:
+            upstream.close()
+            await stack.aclose()
+            engine.record(attempt, Outcome.disconnect())
+            raise
+        if not first:
+            upstream.close()
+            await stack.aclose()
+            outcome = Outcome.network("upstream ended the stream before any data")
+            self._failed(attempt, outcome, progress, headers, session)
+            return None
+
+        watch = engine.settings.watchdog()
+        watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
+
+        async def relay() -> AsyncIterator[bytes]:
+            outcome: Outcome | None = None
+            parser = _SSEParser() if watchdog is not None else None
+            try:
+                yield first
+                if parser is not None and watchdog is not None:
+                    _observe(parser, watchdog, first, engine.clock.now())
+                async for chunk in chunks:
+                    if parser is not None and watchdog is not None:
+                        now = engine.clock.now()
+                        _observe(parser, watchdog, chunk, now)
+                        if watchdog.should_abort(now):
+                            outcome = Outcome.stall("stream throughput below the watchdog minimum")
+                            yield sse_error(
+                                "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                            )
+                            return
+                    yield chunk
+                outcome = Outcome.ok(upstream.status)
+            except UpstreamFailure as failure:
+                outcome = failure.outcome
+                yield sse_error(
+                    f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
+                )
+            finally:
+                upstream.close()
+                await stack.aclose()
+                engine.record(attempt, outcome or Outcome.disconnect(), session=session)
+                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+
+        return StreamingResponse(
+            relay(), status_code=upstream.status, media_type="text/event-stream", headers=headers
+        )
+
+    # ------------------------------------------------------------------ answers
+
+    def _failed(
+        self,
+        attempt: Attempt,
+        outcome: Outcome,
+        progress: _Progress,
+        headers: dict[str, str],
+        session: str | None,
+    ) -> None:
+        """Record an attempt that broke before any byte reached the client; its 502 is the answer
+        if nothing else is left to try."""
+        self.engine.record(attempt, outcome, session=session)
+        progress.last_error = error_response(
+            502, f"{attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
+        )
+
+    def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
+        skipped_before = 0
+        for t in targets:
+            if t == attempt.target:
+                break
+            if str(t) not in progress.attempted_targets:
+                skipped_before += 1
+        headers = {
+            "x-omniroute-selected-connection-id": attempt.connection.spec.id,
+            "x-omniroute-provider": attempt.provider.spec.id,
+        }
+        fallbacks = progress.failed_attempts + skipped_before
+        if fallbacks:
+            headers["x-omniroute-fallback-attempts"] = str(fallbacks)
+        return headers
+
+    def _unavailable(self, decision: NoTarget, progress: _Progress, targets: list[Target]) -> Response:
+        now = self.engine.clock.now()
+        relevant = [s for s in decision.skips if s.reason != "already_tried"]
+        if not relevant and progress.last_error is not None:
+            return progress.last_error
+        skipped = [s.to_dict(now) for s in decision.skips]
+        why = "; ".join(
+            f"{s.target}{'@' + s.connection_id if s.connection_id else ''}: {s.reason}"
+            + (f" (retry in {max(0, int(s.retry_at - now))} ms)" if s.retry_at is not None else "")
+            for s in decision.skips
+        )
+        recovery = decision.earliest_recovery
+        if decision.breaker_only and recovery is not None:
+            retry = max(1, math.ceil((recovery - now) / 1000))
+            return error_response(
+                503,
+                f"every target's provider circuit is open: {why}",
+                "provider_circuit_open",
+                headers={"retry-after": str(retry)},
+                skipped=skipped,
+            )
+        if recovery is not None:
+            retry_ms = recovery - now
+            if progress.client_retry_ms is not None:
+                retry_ms = max(retry_ms, progress.client_retry_ms)
+            retry = max(1, math.ceil(retry_ms / 1000))
+            return error_response(
+                429,
+                f"no target is available right now: {why}",
+                "all_targets_cooling",
+                headers={"retry-after": str(retry)},
+                skipped=skipped,
+            )
+        return error_response(
+            503, f"no target can serve this request: {why}", "all_targets_unavailable", skipped=skipped
+        )
+
+
+_STATUS = Outcome.ok().kind
+
+
+async def _read_body(request: Request) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _SSEParser:
+    """Splits a byte stream into SSE `data:` payloads (only used when the watchdog is on)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any] | None]:
+        self._buffer += chunk
+        events: list[dict[str, Any] | None] = []
+        while b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            line = line.strip()
+            if not line:
+                continue
+            if not line.startswith(b"data:"):
+                events.append(None)  # comment / ping / other field
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                continue
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                events.append(None)
+                continue
+            events.append(parsed if isinstance(parsed, dict) else None)
+        return events
+
+
+def _observe(parser: _SSEParser, watchdog: ThroughputWatchdog, chunk: bytes, now: float) -> None:
+    for event in parser.feed(chunk):
+        watchdog.observe(event, now)

@@ -1,0 +1,59 @@
+"""OpenAI-style error answers: `{"error": {"message", "type", "code"}}`, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.responses import Response
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
+    error: dict[str, Any] = {"message": message, "type": _TYPES.get(status, "api_error"), "code": code}
+    error.update(extra)
+    return json.dumps({"error": error}, ensure_ascii=False).encode()
+
+
+def error_response(
+    status: int,
+    message: str,
+    code: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> Response:
+    return Response(
+        error_body(status, message, code, **extra),
+        status_code=status,
+        media_type="application/json",
+        headers=dict(headers) if headers else None,
+    )
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(data, ensure_ascii=False).encode(),
+        status_code=status,
+        media_type="application/json",
+        headers=dict(headers) if headers else None,
+    )
+
+
+def sse_error(message: str, code: str) -> bytes:
+    """The tail of a stream that cannot continue: an error event, then `[DONE]`."""
+    payload = json.dumps({"error": {"message": message, "type": "upstream_error", "code": code}})
+    return f"data: {payload}\n\ndata: [DONE]\n\n".encode()

@@ -1,0 +1,112 @@
+"""Model addressing: turn the `model` a client sent into an ordered list of targets.
+
+`provider/model` names one target; a combo name expands to its targets; a bare model name goes
+to the first provider whose `/v1/models` lists it, else to the default combo (surface.md §2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from proxy.config import Config
+from proxy.engine import Engine, Target
+
+MODEL_LIST_TTL_S = 60.0
+MODEL_LIST_TIMEOUT_MS = 2000.0
+
+ListModels = Callable[[str], Awaitable[list[str] | None]]
+"""Fetch one provider's model ids (None when it does not answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    targets: list[Target]
+    combo: str | None = None
+
+
+class Router:
+    def __init__(self, config: Config, engine: Engine, list_models: ListModels) -> None:
+        self.config = config
+        self.engine = engine
+        self._list_models = list_models
+        self._model_cache: dict[str, tuple[float, list[str]]] = {}
+        self._combo_targets = {
+            name: [_parse_target(t) for t in combo.targets] for name, combo in config.combos.items()
+        }
+
+    async def resolve(self, model: str, pinned_connection: str | None = None) -> Route | None:
+        route = self._resolve_static(model)
+        if route is None:
+            provider = await self._provider_listing(model)
+            if provider is not None:
+                route = Route([Target(provider, model)])
+            elif self.config.server.default_combo:
+                route = self._resolve_static(self.config.server.default_combo)
+        if route is None:
+            return None
+        if pinned_connection is not None:
+            conn = self.config.connection(pinned_connection)
+            if conn is None:
+                return Route([], route.combo)
+            route = Route(
+                [
+                    Target(t.provider, t.model, pinned_connection)
+                    for t in route.targets
+                    if t.provider == conn.provider
+                ],
+                route.combo,
+            )
+        return route
+
+    def _resolve_static(self, model: str) -> Route | None:
+        combo = self.config.combos.get(model)
+        if combo is not None:
+            targets = self.engine.order_targets(combo.name, combo.strategy, self._combo_targets[combo.name])
+            return Route(targets, combo.name)
+        provider, sep, bare = model.partition("/")
+        if sep and bare and provider in self.config.providers:
+            return Route([Target(provider, bare)])
+        return None
+
+    async def _provider_listing(self, model: str) -> str | None:
+        lists = await asyncio.gather(*(self.models_of(p) for p in self.config.providers))
+        for provider, models in zip(self.config.providers, lists, strict=True):
+            if model in models:
+                return provider
+        return None
+
+    async def models_of(self, provider: str) -> list[str]:
+        """The model ids an upstream lists, cached for a minute (an empty list when it is down)."""
+        cached = self._model_cache.get(provider)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < MODEL_LIST_TTL_S:
+            return cached[1]
+        models = await self._list_models(provider)
+        result = models or []
+        self._model_cache[provider] = (now, result)
+        return result
+
+    def configured_models(self) -> list[str]:
+        names: list[str] = []
+        for combo in self.config.combos.values():
+            names.append(combo.name)
+            names.extend(combo.targets)
+        return list(dict.fromkeys(names))
+
+
+def _parse_target(text: str) -> Target:
+    provider, _, model = text.partition("/")
+    return Target(provider, model)
+
+
+def parse_model_list(raw: bytes) -> list[str] | None:
+    """Model ids out of an OpenAI `/v1/models` body (None when it is not one)."""
+    try:
+        data = json.loads(raw)
+        return [str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m]
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,167 @@
+"""One running instance: config + store + engine + upstream client + router + pipeline.
+
+`Runtime.open()` builds it (blocking I/O: call it before the event loop serves traffic);
+`start()` / `stop()` run inside the server's lifespan. The console and the headless server both
+hold a `Runtime`, so they read the same engine in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from proxy import __version__
+from proxy.config import Config
+from proxy.engine import ConnectionSpec, Engine, ProviderSpec
+from proxy.pipeline import Pipeline
+from proxy.resilience.clock import Clock, SystemClock
+from proxy.resilience.errors import SettingsError
+from proxy.resilience.events import EventBus
+from proxy.router import Router, parse_model_list
+from proxy.settings import Settings, apply_env_overrides, defaults
+from proxy.store import MemoryStore, SqliteStore, StateStore
+from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
+
+log = logging.getLogger("omniroute")
+
+PERSIST_INTERVAL_S = 0.25
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: Config,
+        store: StateStore,
+        *,
+        clock: Clock | None = None,
+        env: Mapping[str, str] | None = None,
+        state_path: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.state_path = state_path
+        self.version = __version__
+        self.demo = False
+        """True when serving the built-in simulated upstreams (`--demo`)."""
+        self.clock: Clock = clock or SystemClock()
+        self.bus = EventBus()
+        stored = store.load()
+        document = stored.settings if stored.settings is not None else defaults()
+        document, self.warnings = apply_env_overrides(document, env if env is not None else os.environ)
+        self.warnings = [*config.warnings, *self.warnings]
+        try:
+            self.settings = Settings(document, clock=self.clock, emit=self.bus.publish)
+        except SettingsError as exc:
+            # A document written by another version may no longer validate: start on defaults
+            # rather than refuse to start, and say so.
+            self.warnings.append(f"stored settings ignored, defaults used ({exc})")
+            fallback, _ = apply_env_overrides(defaults(), env if env is not None else os.environ)
+            self.settings = Settings(fallback, clock=self.clock, emit=self.bus.publish)
+        self.engine = Engine(
+            [
+                ProviderSpec(p.id, p.provider_class, p.per_model_quota, p.rate_limit, p.restate)
+                for p in config.providers.values()
+            ],
+            [
+                ConnectionSpec(
+                    c.id,
+                    c.provider,
+                    name=c.name,
+                    priority=c.priority,
+                    max_concurrent=c.max_concurrent,
+                    enabled=c.enabled,
+                    disable_cooling=c.disable_cooling,
+                    fingerprint=c.fingerprint(),
+                    masked_key=c.masked_key(),
+                )
+                for p in config.providers.values()
+                for c in p.connections
+            ],
+            settings=self.settings,
+            store=store,
+            clock=self.clock,
+            bus=self.bus,
+            probe_timeout_ms=config.server.first_byte_timeout_ms,
+        )
+        self.engine.restore(stored)
+        server = config.server
+        self.upstream = UpstreamClient(
+            Timeouts(server.connect_timeout_ms, server.first_byte_timeout_ms, server.idle_timeout_ms)
+        )
+        self.router = Router(config, self.engine, self._list_models)
+        self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
+        self._persist_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def open(cls, config: Config, state_path: Path | None, **kwargs: Any) -> Runtime:
+        """Open the state database (None: memory only) and build the instance."""
+        store: StateStore = SqliteStore(state_path) if state_path is not None else MemoryStore()
+        try:
+            return cls(config, store, state_path=state_path, **kwargs)
+        except BaseException:
+            store.close()
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        if self._persist_task is None:
+            self._persist_task = asyncio.create_task(self._persist_loop(), name="omniroute-persist")
+
+    async def stop(self) -> None:
+        if self._persist_task is not None:
+            self._persist_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._persist_task
+            self._persist_task = None
+        self.engine.persist()
+        await asyncio.to_thread(self.store.close)
+        await self.upstream.close()
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PERSIST_INTERVAL_S)
+            try:
+                self.engine.persist()
+            except Exception:  # the store reports its own errors; the loop must survive them
+                log.exception("could not persist engine state")
+
+    # ------------------------------------------------------------------ settings
+
+    async def patch_settings(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
+        """Validate and apply a settings change, and return once it is on disk (SettingsError if invalid)."""
+        result = self.settings.patch(patch, group)
+        await asyncio.to_thread(self.store.save_settings, self.settings.document())
+        return result
+
+    async def reset_settings_section(self, section: str) -> dict[str, Any]:
+        result = self.settings.reset_section(section)
+        await asyncio.to_thread(self.store.save_settings, self.settings.document())
+        return result
+
+    # ------------------------------------------------------------------ upstream model lists
+
+    async def _list_models(self, provider: str) -> list[str] | None:
+        config = self.config.providers[provider]
+        conn = next((c for c in config.connections if c.enabled), None)
+        try:
+            response = await self.upstream.send(
+                "GET",
+                f"{config.base_url}/models",
+                body=None,
+                api_key=conn.api_key if conn else None,
+                extra_headers=config.headers,
+                first_byte_ms=2000,
+            )
+            if response.status != 200:
+                response.close()
+                return None
+            return parse_model_list(await response.read())
+        except UpstreamFailure:
+            return None

@@ -1,0 +1,142 @@
+"""The one long-lived upstream HTTP client (aiohttp: the fastest client on this stack, see README).
+
+`UpstreamClient.send` builds the upstream request from scratch (the client's Authorization and
+session headers never travel), waits for the response headers within the first-byte timeout,
+and maps every transport failure to one `UpstreamFailure` carrying an engine `Outcome`. This is
+the only place where aiohttp exceptions are translated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from proxy.resilience.outcome import Outcome
+
+# Error bodies are read for classification only; a gateway that answers an error with megabytes
+# must not make us buffer them.
+MAX_ERROR_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_ms: float = 10_000
+    first_byte_ms: float = 120_000
+    idle_ms: float = 120_000
+
+
+class UpstreamFailure(Exception):
+    """The attempt failed before (or while) the upstream answered; `outcome` says how."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome
+
+
+class UpstreamResponse:
+    """An upstream response whose headers have arrived; the body is read on demand."""
+
+    __slots__ = ("_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers: Mapping[str, str] = {k.lower(): v for k, v in response.headers.items()}
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(_network_outcome(exc)) from exc
+        finally:
+            self._response.release()
+
+    async def read_error_text(self) -> str:
+        try:
+            raw = await self._response.content.read(MAX_ERROR_BODY)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            raw = b""
+        finally:
+            self._response.close()
+        return raw.decode("utf-8", "replace")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (for SSE relays); raises UpstreamFailure if the upstream dies."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(_network_outcome(exc)) from exc
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "application/json")
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class UpstreamClient:
+    def __init__(self, timeouts: Timeouts | None = None, *, max_connections: int = 512) -> None:
+        self.timeouts = timeouts or Timeouts()
+        self._session: aiohttp.ClientSession | None = None
+        self._max_connections = max_connections
+
+    async def start(self) -> None:
+        if self._session is None:
+            t = self.timeouts
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=t.connect_ms / 1000, sock_read=t.idle_ms / 1000
+                ),
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent",),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None,
+        api_key: str | None,
+        extra_headers: Mapping[str, str] | None = None,
+        first_byte_ms: float | None = None,
+    ) -> UpstreamResponse:
+        """Send one request and return once the response headers are in."""
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if extra_headers:
+            headers.update(extra_headers)
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
+        try:
+            async with asyncio.timeout(limit):
+                response = await self._session.request(method, url, data=body, headers=headers)
+        except TimeoutError as exc:
+            raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamFailure(_network_outcome(exc)) from exc
+        return UpstreamResponse(response)
+
+
+def _network_outcome(exc: BaseException) -> Outcome:
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return Outcome.stall("upstream idle timeout")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Outcome.network(f"cannot connect: {exc.os_error.strerror or exc.os_error}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return Outcome.network("upstream closed the connection")
+    return Outcome.network(type(exc).__name__)

@@ -1,0 +1,171 @@
+"""A real proxy instance per test: config file, SQLite state, uvicorn on an ephemeral port, an httpx client.
+
+The engine runs on a `FakeClock`, so every remaining time the API reports is an exact number. Tests
+put the engine into a state by driving its layers directly (the app reads the same engine
+in-process), and only between requests: the server thread is idle then, so nothing races.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.types import ASGIApp
+
+from proxy.app import create_app
+from proxy.config import load_config
+from proxy.engine import Engine
+from proxy.resilience.clock import FakeClock
+from proxy.runtime import Runtime
+from tests.fakes import FakeUpstream, LiveServer, serve
+
+BETA_KEY = "sk-test-secret-key-1234"
+
+
+def config_text(upstream_url: str, refused_url: str, token: str | None) -> str:
+    """Two providers: `alpha` (local, two connections, served by the fake upstream) and `beta` (apikey,
+    one connection with a key, at a refused port: no test sends it traffic)."""
+    server = f'[server]\nmanagement_token = "{token}"\n' if token else ""
+    return f"""{server}
+[providers.alpha]
+class = "local"
+base_url = "{upstream_url}"
+
+[[providers.alpha.connections]]
+id = "alpha-1"
+priority = 1
+
+[[providers.alpha.connections]]
+id = "alpha-2"
+priority = 2
+
+[providers.beta]
+class = "apikey"
+base_url = "{refused_url}"
+
+[[providers.beta.connections]]
+id = "beta-1"
+name = "Beta main"
+api_key = "{BETA_KEY}"
+max_concurrent = 2
+"""
+
+
+@dataclass
+class Instance:
+    """One running proxy: its runtime (same process) and a client for its HTTP API."""
+
+    config_path: Path
+    state_path: Path
+    token: str | None
+    clock: FakeClock = field(default_factory=FakeClock)
+    runtime: Runtime | None = None
+    server: LiveServer | None = None
+    client: httpx.Client | None = None
+
+    def start(self) -> Instance:
+        config = load_config(self.config_path, {}, explicit=True)
+        self.runtime = Runtime.open(config, self.state_path, clock=self.clock, env={})
+        self.server = LiveServer(create_app(self.runtime)).start()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.client = httpx.Client(base_url=self.server.url, headers=headers, timeout=10.0)
+        return self
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.stop()  # the lifespan stops the runtime: final persist, store closed
+
+    def restart(self) -> Instance:
+        """Stop everything and open the same config and state database again."""
+        self.stop()
+        return self.start()
+
+    @property
+    def engine(self) -> Engine:
+        assert self.runtime is not None
+        return self.runtime.engine
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest event so far (`GET /api/events?after=` takes it)."""
+        assert self.runtime is not None
+        return self.runtime.bus.last_seq
+
+    @property
+    def http(self) -> httpx.Client:
+        assert self.client is not None
+        return self.client
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.http.get(path, **kwargs)
+
+    def send(self, method: str, path: str, body: object = None, **kwargs: Any) -> httpx.Response:
+        """`body` is sent as JSON; bytes are sent as they are (malformed input tests)."""
+        if isinstance(body, bytes):
+            return self.http.request(method, path, content=body, **kwargs)
+        if body is None:
+            return self.http.request(method, path, **kwargs)
+        return self.http.request(method, path, json=body, **kwargs)
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[FakeUpstream, str]]:
+    """A fake upstream on a live server, and the base_url to configure for it."""
+    fake = FakeUpstream("alpha-upstream")
+    with serve(fake.app) as live:
+        yield fake, live.url + "/v1"
+
+
+@pytest.fixture
+def make_instance(tmp_path: Path) -> Iterator[Callable[..., Instance]]:
+    """`make_instance(token=None, alpha_url=None)` starts a proxy on a fresh config and state in tmp_path.
+
+    `alpha_url` is where provider alpha sends traffic (default: a refused port, for tests that send none).
+    """
+    started: list[Instance] = []
+
+    def make(token: str | None = None, alpha_url: str | None = None) -> Instance:
+        config_path = tmp_path / f"config-{len(started)}.toml"
+        refused = FakeUpstream.refused_url()
+        config_path.write_text(config_text(alpha_url or refused, refused, token))
+        config_path.chmod(0o600)
+        instance = Instance(config_path, tmp_path / f"state-{len(started)}.db", token)
+        started.append(instance)
+        return instance.start()
+
+    yield make
+    for instance in started:
+        instance.stop()
+
+
+@pytest.fixture
+def proxy(make_instance: Callable[..., Instance]) -> Instance:
+    """A proxy without a management token (the API answers loopback clients) and with no upstream."""
+    return make_instance()
+
+
+@pytest.fixture
+def guarded_app(tmp_path: Path) -> Iterator[Callable[[str | None], ASGIApp]]:
+    """`guarded_app(token)`: the whole ASGI app (Guard included) of a memory-only runtime, not served, for
+    calling it directly with a hand-made scope (e.g. a client address no real socket here can have)."""
+    runtimes: list[Runtime] = []
+
+    def make(token: str | None) -> ASGIApp:
+        path = tmp_path / f"unit-{len(runtimes)}.toml"
+        path.write_text(config_text(FakeUpstream.refused_url(), FakeUpstream.refused_url(), token))
+        path.chmod(0o600)
+        runtime = Runtime.open(load_config(path, {}, explicit=True), None, clock=FakeClock(), env={})
+        runtimes.append(runtime)
+        return create_app(runtime, manage_lifecycle=False)
+
+    yield make
+    for runtime in runtimes:
+        runtime.store.close()
