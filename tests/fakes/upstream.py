@@ -119,7 +119,8 @@ class FakeUpstream:
             self._by_model[model] = reply
 
     def reset(self) -> None:
-        """Forget script, rules and recordings; cut hanging requests and endless streams (asynchronously)."""
+        """Forget script, rules and recordings, and cut (soon after, from the server's loop) every request
+        still in flight that waits or streams: hang, slow_headers and all stream kinds."""
         with self._lock:
             self._queue.clear()
             self._by_model.clear()
