@@ -1,21 +1,32 @@
 """The `omniroute` command line.
 
 Imports stay inside commands: a read command must not pay for Textual or Starlette.
+
+Layout: `instance` (serve, tui), `views` (status and the four tables), `actions` (reset, reenable,
+enable, disable), `settings` and `config` groups; `client` talks to an instance, `output` prints,
+`exit_codes` maps failures, and `edge` turns every failure into one line and an exit code.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Annotated
 
 import typer
 
+from omniroute_tui.cli import actions, config, instance, settings, views
+from omniroute_tui.cli.edge import Edge
 from proxy import __version__
+
+__all__ = ["app", "main", "root"]
 
 app = typer.Typer(
     name="omniroute",
+    cls=Edge,
     help="Local LLM proxy with circuit breakers, cooldowns and model lockouts, plus its operator console.",
+    epilog=(
+        "Exit codes: 0 ok, 1 unexpected failure, 2 bad usage or invalid value, 3 no instance reachable,"
+        " 4 authentication refused, 5 no such provider / connection / model."
+    ),
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -38,28 +49,12 @@ def root(
     """omniroute: an OpenAI-compatible proxy for local LLM traffic, with OmniRoute's resilience layers."""
 
 
-@app.command()
-def serve(
-    demo: Annotated[bool, typer.Option("--demo", help="Run against built-in simulated upstreams.")] = False,
-    host: Annotated[str | None, typer.Option("--host", help="Listen address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option("--port", min=1, max=65535, help="Listen port (default 20128).")] = None,
-    config: Annotated[str | None, typer.Option("--config", help="Config file (env OMNIROUTE_CONFIG).")] = None,
-    state: Annotated[str | None, typer.Option("--state", help="State database (env OMNIROUTE_STATE).")] = None,
-) -> None:
-    """Run the proxy headless (logs to stderr).
-
-    Example: omniroute serve --port 20128, then point clients at http://127.0.0.1:20128/v1
-    """
-    from proxy.serve import Options, StartupError, run_headless
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    try:
-        run_headless(Options(config=config, state=state, host=host, port=port, demo=demo))
-    except StartupError as exc:
-        typer.echo(f"omniroute: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        pass
+app.add_typer(instance.app)
+app.add_typer(views.app)
+app.add_typer(actions.app)
+app.add_typer(actions.reset_app, name="reset", rich_help_panel=actions.PANEL)
+app.add_typer(settings.app, name="settings", rich_help_panel="Settings and config")
+app.add_typer(config.app, name="config", rich_help_panel="Settings and config")
 
 
 def main() -> None:

@@ -1,0 +1,165 @@
+"""Talking to a running instance: where it is, how to authenticate, and what its answers mean.
+
+Every HTTP failure is translated here, once, into the `CliError` that names the exit code:
+nothing listening → 3, 401/403 → 4, 404 for a named thing → 5, 400 → 2 with the server's fields,
+anything else → 1. httpx is imported by the commands that call an instance, never at startup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from omniroute_tui.cli.exit_codes import AuthRefused, InvalidValue, NoInstance, NotFound, Unexpected
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["START_HINT", "TIMEOUT_S", "Api", "Target", "resolve_target"]
+
+TIMEOUT_S = 10.0
+"""Per request. The management API answers from memory, so anything near this is a hung instance."""
+
+START_HINT = "start one with `omniroute serve` or `omniroute tui`, or point --url / OMNIROUTE_URL at it"
+TOKEN_HINT = "set --token or OMNIROUTE_MANAGEMENT_TOKEN"
+
+_WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The instance a command talks to."""
+
+    url: str
+    """Base URL without a trailing slash, e.g. `http://127.0.0.1:20128`."""
+    token: str | None
+
+
+def resolve_target(
+    url: str | None, token: str | None, config: str | None, env: Mapping[str, str] = os.environ
+) -> Target:
+    """`--url`/`OMNIROUTE_URL` wins; otherwise the config's `[server]` host and port.
+
+    The config's management token is used only with the config's own address: a token written for
+    this machine's instance is never sent to a URL given by hand.
+    """
+    if url:
+        return Target(url.strip().rstrip("/"), token or None)
+    from proxy.config import ConfigError, load_config, resolve_config_path
+
+    explicit = bool(config or env.get("OMNIROUTE_CONFIG"))
+    try:
+        loaded = load_config(resolve_config_path(config, env), env, explicit=explicit)
+    except ConfigError as exc:
+        first = exc.problems[0] if exc.problems else "invalid"
+        more = f" (+{len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        where = f"{exc.path}: " if exc.path is not None else ""
+        raise InvalidValue(f"{where}{first}{more}; fix it (`omniroute config check`) or pass --url") from None
+    server = loaded.server
+    host = _WILDCARD_HOSTS.get(server.host, server.host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return Target(f"http://{host}:{server.port}", token or server.management_token)
+
+
+def _error_of(response: httpx.Response) -> tuple[str | None, list[dict[str, Any]]]:
+    """The `{error: {message, fields}}` of an omniroute answer; (None, []) for anyone else's."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None, []
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return None, []
+    fields = error.get("fields")
+    return error["message"], [f for f in fields if isinstance(f, dict)] if isinstance(fields, list) else []
+
+
+class Api:
+    """A short-lived client for one command: `with Api(target) as api: api.get("/api/...")`."""
+
+    def __init__(self, target: Target) -> None:
+        import httpx
+
+        self.target = target
+        headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+        try:
+            self._client = httpx.Client(
+                base_url=target.url, headers=headers, timeout=TIMEOUT_S, trust_env=False
+            )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError) as exc:
+            raise InvalidValue(f"--url {target.url!r} is not a usable URL ({exc})") from None
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._client.close()
+
+    def get(self, path: str, *, names: str | None = None) -> Any:
+        return self.call("GET", path, names=names)
+
+    def call(self, method: str, path: str, body: object = None, *, names: str | None = None) -> Any:
+        """Send one request and return its JSON answer, or raise the `CliError` for its failure.
+
+        `names` describes the thing the path names (`connection 'x'`): a 404 then means "no such
+        thing" (exit 5). Without it, a 404 means the URL is not an omniroute instance (exit 3).
+        """
+        import httpx
+
+        url = self.target.url
+        try:
+            if body is None:
+                response = self._client.request(method, path)
+            else:
+                response = self._client.request(method, path, json=body)
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise InvalidValue(f"--url {url!r} is not a usable URL ({exc})") from None
+        except httpx.TimeoutException:
+            raise NoInstance(
+                f"{url} did not answer within {TIMEOUT_S:g} s; is the instance hung? {START_HINT}"
+            ) from None
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise NoInstance(f"no omniroute instance at {url} ({reason}); {START_HINT}") from None
+        return self._answer(method, path, response, names)
+
+    def _answer(self, method: str, path: str, response: httpx.Response, names: str | None) -> Any:
+        status = response.status_code
+        url = self.target.url
+        message, fields = _error_of(response)
+        if status in (401, 403):
+            if status == 401 and self.target.token is None:
+                raise AuthRefused(f"{url} needs a management token: {TOKEN_HINT}")
+            if status == 401:
+                raise AuthRefused(f"{url} refused the management token: {TOKEN_HINT} to the right one")
+            why = message or "forbidden"
+            raise AuthRefused(
+                f"{url} refused this client ({why}); set server.management_token and {TOKEN_HINT}"
+            )
+        if status == 404:
+            if names is not None and message is not None:
+                raise NotFound(f"{message} at {url}")
+            raise NoInstance(
+                f"{url} does not serve the omniroute management API ({method} {path} answered 404); {START_HINT}"
+            )
+        if status in (400, 413, 422):
+            if fields:
+                detail = "; ".join(f"{f.get('field') or 'body'}: {f.get('message')}" for f in fields)
+            else:
+                detail = message or f"{status} {response.reason_phrase}"
+            raise InvalidValue(f"rejected by {url}: {detail}")
+        if status >= 300:
+            detail = message or response.text.strip()[:200] or response.reason_phrase
+            raise Unexpected(f"{url} answered {status} to {method} {path}: {detail}")
+        try:
+            return response.json()
+        except ValueError:
+            raise Unexpected(
+                f"{url} answered {method} {path} with something that is not JSON; is it an omniroute instance?"
+            ) from None

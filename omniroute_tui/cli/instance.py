@@ -1,0 +1,76 @@
+"""Commands that run an instance: `serve` (headless) and `tui` (proxy and console in one process).
+
+uvicorn, Starlette and Textual are imported inside these commands only.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from omniroute_tui.cli.options import ConfigOpt, StateOpt
+
+app = typer.Typer()
+
+PANEL = "Run an instance"
+
+HostOpt = Annotated[
+    str | None, typer.Option("--host", help="Listen address (default from config: 127.0.0.1).")
+]
+PortOpt = Annotated[int | None, typer.Option("--port", min=1, max=65535, help="Listen port (default 20128).")]
+DemoOpt = Annotated[
+    bool,
+    typer.Option("--demo", help="Run against built-in simulated upstreams, state in a temporary directory."),
+]
+
+
+@app.command(rich_help_panel=PANEL)
+def serve(
+    demo: DemoOpt = False,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Run the proxy headless (logs to stderr).
+
+    Example: [bold]omniroute serve --port 20128[/bold], then point clients at http://127.0.0.1:20128/v1
+    """
+    from proxy.serve import Options, StartupError, run_headless
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    try:
+        run_headless(Options(config=config, state=state, host=host, port=port, demo=demo))
+    except StartupError as exc:
+        typer.echo(f"omniroute: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command(rich_help_panel=PANEL)
+def tui(
+    demo: DemoOpt = False,
+    read_only: Annotated[
+        bool,
+        typer.Option("--read-only", help="Watch only: every action is disabled (and the header says so)."),
+    ] = False,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Run the proxy and its operator console in one process (quitting stops both).
+
+    Example: [bold]omniroute tui --demo[/bold] (simulated upstreams: every layer moves within a minute)
+    """
+    from omniroute_tui.app import run_tui
+    from proxy.serve import Options
+
+    code = run_tui(Options(config=config, state=state, host=host, port=port, demo=demo), read_only=read_only)
+    raise typer.Exit(code)

@@ -1,0 +1,45 @@
+"""Options shared by several commands, declared once (typer `Annotated` aliases)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from omniroute_tui.cli.client import Api, resolve_target
+
+__all__ = ["ConfigOpt", "JsonOpt", "StateOpt", "TokenOpt", "UrlOpt", "connect"]
+
+ConfigOpt = Annotated[
+    str | None,
+    typer.Option("--config", help="Config file (default: platform config dir; env OMNIROUTE_CONFIG)."),
+]
+StateOpt = Annotated[
+    str | None,
+    typer.Option("--state", help="State database (default: platform data dir; env OMNIROUTE_STATE)."),
+]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="OMNIROUTE_URL",
+        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's [server] host and port).",
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="OMNIROUTE_MANAGEMENT_TOKEN",
+        help="Management token (default: the config's server.management_token when --url is not given).",
+    ),
+]
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print the management API's JSON unchanged (nothing else on stdout)."),
+]
+
+
+def connect(url: str | None, token: str | None, config: str | None) -> Api:
+    """A client for the instance the options point at."""
+    return Api(resolve_target(url, token, config))

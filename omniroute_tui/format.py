@@ -1,0 +1,122 @@
+"""How the console writes numbers, times and states: one place, so every view agrees.
+
+Durations read like a stopwatch ("1m 05s"), instants are local wall-clock times ("14:03:27"),
+and every state has a style class (`ok`, `warn`, `bad`, `probe`, `off`) that both the tables
+(a Rich colour per row) and the Overview tiles (a TCSS class) use. The state name is always
+written out as well: colour is never the only signal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Final
+
+# Style classes, from healthy to switched off.
+OK: Final = "ok"
+WARN: Final = "warn"
+BAD: Final = "bad"
+PROBE: Final = "probe"
+OFF: Final = "off"
+INFO: Final = "info"
+
+ROW_COLOURS: Final[dict[str, str]] = {
+    OK: "green",
+    WARN: "yellow",
+    BAD: "bold red",
+    PROBE: "cyan",
+    OFF: "bright_black",
+    INFO: "",
+}
+"""Rich styles for table rows (DataTable cells cannot take TCSS classes)."""
+
+TILE_COLOURS: Final[dict[str, str]] = {
+    OK: "black on green",
+    WARN: "black on yellow",
+    BAD: "bold white on red",
+    PROBE: "black on cyan",
+    OFF: "black on bright_black",
+    INFO: "reverse",
+}
+"""Breaker tiles on the Overview: a solid block per provider, readable without colour too."""
+
+BREAKER_STYLES: Final[dict[str, str]] = {
+    "CLOSED": OK,
+    "DEGRADED": WARN,
+    "OPEN": BAD,
+    "HALF_OPEN": PROBE,
+}
+CONNECTION_STYLES: Final[dict[str, str]] = {
+    "active": OK,
+    "cooling": WARN,
+    "banned": BAD,
+    "expired": BAD,
+    "credits_exhausted": BAD,
+    "disabled": OFF,
+}
+EVENT_STYLES: Final[dict[str, str]] = {
+    "OPEN": BAD,
+    "DEGRADED": WARN,
+    "HALF_OPEN": PROBE,
+    "CLOSED": OK,
+    "active": OK,
+    "cooling": WARN,
+    "banned": BAD,
+    "expired": BAD,
+    "credits_exhausted": BAD,
+    "disabled": OFF,
+    "locked": WARN,
+    "unlocked": OK,
+}
+
+NONE: Final = "—"
+"""What an empty cell shows (never happened, nothing left)."""
+
+_DURATION_CACHE: dict[int, str] = {}
+
+
+def duration(ms: float) -> str:
+    """`65_000` → `"1m 05s"`; whole seconds, rounded up so a live countdown never shows 0s early."""
+    seconds = math.ceil(ms / 1000) if ms > 0 else 0
+    cached = _DURATION_CACHE.get(seconds)
+    if cached is not None:
+        return cached
+    if seconds < 60:
+        text = f"{seconds}s"
+    elif seconds < 3600:
+        text = f"{seconds // 60}m {seconds % 60:02d}s"
+    elif seconds < 86_400:
+        text = f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    else:
+        text = f"{seconds // 86_400}d {seconds % 86_400 // 3600:02d}h"
+    if len(_DURATION_CACHE) < 100_000:  # countdowns repeat the same few thousand values
+        _DURATION_CACHE[seconds] = text
+    return text
+
+
+def countdown(ms: float) -> str:
+    """A remaining time, or `—` when nothing is left."""
+    return duration(ms) if ms > 0 else NONE
+
+
+def clock_time(ms: float | None) -> str:
+    """Epoch ms → local `HH:MM:SS`; `—` for None (never happened)."""
+    if ms is None:
+        return NONE
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def count(n: int) -> str:
+    return f"{n:,}"
+
+
+def rate(per_second: float) -> str:
+    return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:,.0f}/s"
+
+
+def clip(text: str | None, width: int) -> str:
+    """One line, at most `width` cells: error texts are long and may span lines."""
+    if not text:
+        return NONE
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"

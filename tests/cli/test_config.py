@@ -1,0 +1,136 @@
+"""`omniroute config init|path|check`: no instance needed."""
+
+from __future__ import annotations
+
+import stat
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy import config as proxy_config
+from proxy.config import load_config
+from tests.cli.conftest import run
+from tests.fakes import FakeUpstream, serve
+
+
+@pytest.fixture
+def local_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """ollama answers /models; lmstudio and vllm refuse; llamacpp answers 404 (a web server, not an LLM)."""
+    fake = FakeUpstream("ollama")
+    with serve(fake.app) as live:
+        monkeypatch.setitem(proxy_config.BUILTIN_LOCAL_PROVIDERS, "ollama", live.url + "/v1")
+        monkeypatch.setitem(proxy_config.BUILTIN_LOCAL_PROVIDERS, "lmstudio", FakeUpstream.refused_url())
+        monkeypatch.setitem(proxy_config.BUILTIN_LOCAL_PROVIDERS, "llamacpp", live.url + "/elsewhere")
+        monkeypatch.setitem(proxy_config.BUILTIN_LOCAL_PROVIDERS, "vllm", FakeUpstream.refused_url())
+        yield live.url + "/v1"
+
+
+def test_init_writes_detected_servers_mode_0600(tmp_path: Path, local_servers: str) -> None:
+    path = tmp_path / "new" / "config.toml"
+    result = run("config", "init", "--config", str(path), "--json")
+    assert result.json() == {"path": str(path), "detected": {"ollama": local_servers}}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    doc = tomllib.loads(path.read_text())
+    assert list(doc["providers"]) == ["ollama"]  # the others are commented examples
+    assert doc["providers"]["ollama"]["base_url"] == local_servers
+    config = load_config(path, {}, explicit=True)
+    assert [c.id for p in config.providers.values() for c in p.connections] == ["ollama-1"]
+
+
+def test_init_with_nothing_answering_writes_every_builtin(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for pid in list(proxy_config.BUILTIN_LOCAL_PROVIDERS):
+        monkeypatch.setitem(proxy_config.BUILTIN_LOCAL_PROVIDERS, pid, FakeUpstream.refused_url())
+    path = tmp_path / "config.toml"
+    result = run("config", "init", "--config", str(path))
+    assert result.code == 0, result.stderr
+    assert result.stdout.startswith(f"Wrote {path} (mode 0600). Local servers answering: none")
+    assert set(tomllib.loads(path.read_text())["providers"]) == {"ollama", "lmstudio", "llamacpp", "vllm"}
+
+
+def test_init_goes_to_the_default_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, local_servers: str
+) -> None:
+    assert run("config", "init").code == 0
+    assert (tmp_path / "xdg-config" / "omniroute" / "config.toml").is_file()
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path: Path, local_servers: str) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("# mine\n")
+    path.chmod(0o644)
+    result = run("config", "init", "--config", str(path))
+    assert result.code == 2
+    assert result.stderr == (
+        f"omniroute: {path} already exists; pass --force to overwrite it (`omniroute config check` validates it)\n"
+    )
+    assert path.read_text() == "# mine\n"
+    assert run("config", "init", "--config", str(path), "--force").code == 0
+    assert path.read_text().startswith("# omniroute config")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_path_shows_config_and_state(tmp_path: Path) -> None:
+    data = run("config", "path", "--json").json()
+    assert data == {
+        "config": str(tmp_path / "xdg-config" / "omniroute" / "config.toml"),
+        "configExists": False,
+        "state": str(tmp_path / "xdg-data" / "omniroute" / "state.db"),
+        "stateExists": False,
+    }
+    mine = tmp_path / "c.toml"
+    mine.write_text("")
+    data = run("config", "path", "--json", "--config", str(mine), "--state", str(tmp_path / "s.db")).json()
+    assert (data["config"], data["configExists"], data["state"]) == (str(mine), True, str(tmp_path / "s.db"))
+    human = run("config", "path")
+    assert "not found: the embedded default is used" in human.stdout
+
+
+def test_check_valid_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[server]\nport = 20200\n\n[providers.ollama]\n\n[[providers.ollama.connections]]\nid = "o-1"\n'
+        '\n[combos.coding]\ntargets = ["ollama/qwen"]\n'
+    )
+    result = run("config", "check", "--config", str(path))
+    assert (result.code, result.stdout) == (
+        0,
+        f"{path}: OK. 1 providers, 1 connections, 1 combos; listens on 127.0.0.1:20200; management token not set.\n",
+    )
+    data = run("config", "check", "--config", str(path), "--json").json()
+    assert data["providers"] == {
+        "ollama": {"class": "local", "baseUrl": "http://localhost:11434/v1", "connections": ["o-1"]}
+    }
+    assert data["combos"] == {"coding": ["ollama/qwen"]}
+    assert data["server"] == {"host": "127.0.0.1", "port": 20200, "managementToken": False, "apiKeys": 0}
+
+
+def test_check_embedded_default_when_no_file() -> None:
+    result = run("config", "check")
+    assert result.code == 0, result.stderr
+    assert "the embedded default: OK. 4 providers, 4 connections" in result.stdout
+
+
+def test_check_invalid_file_exits_2_naming_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[server]\nport = "high"\n\n[providers.x]\nclass = "cloud"\n')
+    result = run("config", "check", "--config", str(path))
+    assert result.code == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1  # one line
+    assert result.stderr.startswith(f"omniroute: {path}: ")
+    assert "server.port" in result.stderr and "providers.x.class" in result.stderr
+    missing = run("config", "check", "--config", str(tmp_path / "absent.toml"))
+    assert (missing.code, missing.stderr) == (2, f"omniroute: {tmp_path / 'absent.toml'}: no such file\n")
+
+
+def test_a_broken_config_stops_remote_commands_with_2(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("[server\n")
+    result = run("status", "--config", str(path))
+    assert result.code == 2
+    assert result.stderr.startswith(f"omniroute: {path}: line 1:")
+    assert result.stderr.endswith("fix it (`omniroute config check`) or pass --url\n")

@@ -1,0 +1,201 @@
+"""Exit codes and messages at the edge: one line on stderr that says what to do, never a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from omniroute_tui.cli.exit_codes import ExitCode
+from tests.cli.conftest import TOKEN, Instance, Result, run
+from tests.fakes import FakeUpstream, serve
+
+START = "start one with `omniroute serve` or `omniroute tui`, or point --url / OMNIROUTE_URL at it"
+
+COMMANDS = [
+    ["serve"], ["tui"], ["status"], ["breakers"], ["cooldowns"], ["lockouts"], ["connections"],
+    ["reset", "breaker"], ["reset", "connection"], ["reenable"], ["enable"], ["disable"],
+    ["settings", "show"], ["settings", "set"], ["settings", "reset"],
+    ["config", "init"], ["config", "path"], ["config", "check"],
+]  # fmt: skip
+
+
+def one_line(result: Result) -> str:
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("omniroute: ")
+    return result.stderr[len("omniroute: ") : -1]
+
+
+def fake_app(status: int, body: object) -> Starlette:
+    async def answer(request: Request) -> Response:
+        if isinstance(body, str):
+            return PlainTextResponse(body, status_code=status)
+        return JSONResponse(body, status_code=status)
+
+    return Starlette(
+        routes=[Route("/{path:path}", answer, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
+    )
+
+
+Answering = Callable[[int, object], str]
+
+
+@pytest.fixture
+def answering() -> Iterator[Answering]:
+    """`answering(status, body)` → URL of a server that answers every request that way."""
+    with contextlib.ExitStack() as stack:
+        yield lambda status, body: stack.enter_context(serve(fake_app(status, body))).url
+
+
+def test_exit_codes_are_the_documented_ones() -> None:
+    assert [(c.name, int(c)) for c in ExitCode] == [
+        ("OK", 0), ("UNEXPECTED", 1), ("USAGE", 2), ("NO_INSTANCE", 3), ("AUTH", 4), ("NOT_FOUND", 5),
+    ]  # fmt: skip
+
+
+def test_0_ok(proxy: Instance) -> None:
+    assert proxy.cli("status").code == 0
+
+
+def test_1_server_error(answering: Answering) -> None:
+    url = answering(500, {"error": {"message": "internal error; see the server log", "type": "server_error"}})
+    result = run("breakers", "--url", url)
+    assert result.code == 1
+    assert one_line(result) == (
+        f"{url} answered 500 to GET /api/monitoring/health: internal error; see the server log"
+    )
+
+
+def test_1_not_json(answering: Answering) -> None:
+    url = answering(200, "<html>hello</html>")
+    result = run("lockouts", "--url", url)
+    assert result.code == 1
+    assert one_line(result) == (
+        f"{url} answered GET /api/resilience/model-cooldowns with something that is not JSON;"
+        " is it an omniroute instance?"
+    )
+
+
+def test_1_unexpected_shape_is_one_line_without_traceback(answering: Answering) -> None:
+    url = answering(200, {"surprise": True})
+    result = run("breakers", "--url", url)
+    assert result.code == 1
+    assert one_line(result) == (
+        "unexpected error: KeyError: 'providerBreakers' (set OMNIROUTE_DEBUG=1 for a traceback)"
+    )
+
+
+def test_2_bad_usage() -> None:
+    result = run("breakers", "--bogus")
+    assert result.code == 2
+    assert one_line(result) == "No such option: --bogus (see `omniroute breakers --help`)"
+    missing = run("enable")
+    assert missing.code == 2
+    assert one_line(missing) == "Missing argument 'ID'. (see `omniroute enable --help`)"
+    unknown = run("frobnicate")
+    assert unknown.code == 2
+    assert one_line(unknown).startswith("No such command 'frobnicate'.")
+
+
+def test_2_no_arguments_prints_help() -> None:
+    result = run()
+    assert result.code == 2
+    assert "Usage: omniroute" in result.stdout + result.stderr
+
+
+def test_3_nothing_listening() -> None:
+    url = FakeUpstream.refused_url().removesuffix("/v1")
+    result = run("status", "--url", url)
+    assert result.code == 3
+    message = one_line(result)
+    assert message.startswith(f"no omniroute instance at {url} (")
+    assert message.endswith(f"); {START}")
+
+
+def test_3_default_url_from_the_embedded_config() -> None:
+    """No config file, no --url: the embedded default's 127.0.0.1:20128 (nothing listens there in tests)."""
+    result = run("breakers", env={"OMNIROUTE_URL": FakeUpstream.refused_url().removesuffix("/v1")})
+    assert result.code == 3
+
+
+def test_3_not_an_omniroute_instance(answering: Answering) -> None:
+    url = answering(404, "Not Found")
+    result = run("connections", "--url", url)
+    assert result.code == 3
+    assert one_line(result) == (
+        f"{url} does not serve the omniroute management API (GET /api/resilience/connections answered 404); {START}"
+    )
+
+
+def test_4_missing_token(secured: Instance) -> None:
+    result = run("breakers", "--url", secured.url)
+    assert result.code == 4
+    assert (
+        one_line(result)
+        == f"{secured.url} needs a management token: set --token or OMNIROUTE_MANAGEMENT_TOKEN"
+    )
+
+
+def test_4_wrong_token(secured: Instance) -> None:
+    result = run("reset", "breaker", "--all", "--url", secured.url, "--token", "wrong")
+    assert result.code == 4
+    assert one_line(result) == (
+        f"{secured.url} refused the management token: set --token or OMNIROUTE_MANAGEMENT_TOKEN to the right one"
+    )
+    assert run("breakers", "--url", secured.url, "--token", TOKEN).code == 0
+
+
+def test_4_forbidden(answering: Answering) -> None:
+    message = "the management API answers loopback clients only unless server.management_token is set"
+    url = answering(403, {"error": {"message": message, "type": "permission_error"}})
+    result = run("status", "--url", url)
+    assert result.code == 4
+    assert one_line(result) == (
+        f"{url} refused this client ({message}); set server.management_token and set --token or"
+        " OMNIROUTE_MANAGEMENT_TOKEN"
+    )
+
+
+def test_5_no_such_connection(proxy: Instance) -> None:
+    result = proxy.cli("disable", "ghost")
+    assert result.code == 5
+    assert one_line(result) == f"no connection 'ghost' at {proxy.url}"
+
+
+def test_bad_url_is_usage() -> None:
+    result = run("status", "--url", "ftp://example")
+    assert result.code == 2
+    assert one_line(result).startswith("--url 'ftp://example' is not a usable URL")
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help_with_an_example(command: list[str]) -> None:
+    result = run(*command, "--help")
+    assert result.code == 0, result.stderr
+    assert "Example" in result.stdout
+
+
+def test_remote_commands_take_url_token_and_json() -> None:
+    for command in COMMANDS[2:15]:
+        text = run(*command, "--help").stdout
+        for option in ("--url", "--token", "--json", "--config"):
+            assert option in text, (command, option)
+
+
+def test_shell_completion_is_offered() -> None:
+    text = run("--help").stdout
+    assert "--install-completion" in text and "--show-completion" in text
+    completion = run("--show-completion", "bash")
+    assert completion.code == 0
+    assert "_OMNIROUTE_COMPLETE" in completion.stdout
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert (result.code, result.stdout) == (0, "omniroute 0.1.0\n")

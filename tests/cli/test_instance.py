@@ -1,0 +1,59 @@
+"""`omniroute tui` hands its options to the console's entry point; `serve` refuses a bad setup with exit 2."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.serve import Options
+from tests.cli.conftest import run
+
+
+@pytest.fixture
+def fake_console(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Options, bool]]:
+    """A stand-in `omniroute_tui.app` whose run_tui records its call and returns 7."""
+    calls: list[tuple[Options, bool]] = []
+
+    def run_tui(options: Options, *, read_only: bool = False) -> int:
+        calls.append((options, read_only))
+        return 7
+
+    module: Any = types.ModuleType("omniroute_tui.app")
+    module.run_tui = run_tui
+    monkeypatch.setitem(__import__("sys").modules, "omniroute_tui.app", module)
+    return calls
+
+
+def test_tui_passes_every_option_and_exits_with_the_console_code(
+    fake_console: list[tuple[Options, bool]], tmp_path: Path
+) -> None:
+    args = ["tui", "--demo", "--read-only", "--host", "127.0.0.2", "--port", "20999"]
+    result = run(*args, "--config", str(tmp_path / "c.toml"), "--state", str(tmp_path / "s.db"))
+    assert result.code == 7
+    assert fake_console == [
+        (Options(config=str(tmp_path / "c.toml"), state=str(tmp_path / "s.db"), host="127.0.0.2", port=20999,
+                 demo=True), True),
+    ]  # fmt: skip
+
+
+def test_tui_defaults(fake_console: list[tuple[Options, bool]]) -> None:
+    assert run("tui").code == 7
+    assert fake_console == [(Options(), False)]
+
+
+def test_tui_rejects_a_bad_port(fake_console: list[tuple[Options, bool]]) -> None:
+    result = run("tui", "--port", "70000")
+    assert result.code == 2
+    assert "--port" in result.stderr and "65535" in result.stderr
+    assert fake_console == []
+
+
+def test_serve_with_a_broken_config_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[server]\nport = "high"\n')
+    result = run("serve", "--config", str(path))
+    assert result.code == 2
+    assert result.stderr.startswith(f"omniroute: {path}: ")

@@ -1,0 +1,160 @@
+"""Read commands against a live instance: `--json` is the API's view unchanged, tables say every state in words."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.cli.conftest import Instance, run
+
+HEALTH = "/api/monitoring/health"
+CONNECTIONS = "/api/resilience/connections"
+LOCKOUTS = "/api/resilience/model-cooldowns"
+
+
+def busy(proxy: Instance) -> None:
+    """alpha's breaker OPEN, alpha-1 cooling, m1 locked on alpha-2."""
+    proxy.open_breaker("alpha")
+    proxy.cool("alpha-1")
+    proxy.lock("alpha-2", "m1")
+
+
+def test_status_json_is_the_health_document(proxy: Instance) -> None:
+    busy(proxy)
+    health = proxy.api(HEALTH)
+    assert health["status"] == "degraded"
+    assert proxy.cli("status", "--json").json() == health
+
+
+def test_status_human_summary(proxy: Instance) -> None:
+    busy(proxy)
+    result = proxy.cli("status")
+    assert result.code == 0, result.stderr
+    out = result.stdout
+    assert f"omniroute 0.1.0 at {proxy.url}: DEGRADED" in out
+    assert "1 open, 0 half-open, 0 degraded, 1 closed (of 2)" in out
+    assert "2 active, 1 cooling, 0 terminal, 0 disabled (of 3)" in out
+    assert "1 active" in out  # lockouts
+    assert "alpha OPEN  2 failures, retry in 15s" in out
+    assert "alpha/m1 on alpha-2: not_found, 2m 00s left" in out
+
+
+def test_breakers_json_is_health_provider_breakers(proxy: Instance) -> None:
+    proxy.open_breaker("alpha")
+    rows = proxy.cli("breakers", "--json").json()
+    assert rows == proxy.api(HEALTH)["providerBreakers"]
+    assert [(b["provider"], b["state"]) for b in rows] == [("alpha", "OPEN"), ("beta", "CLOSED")]
+
+
+def test_breakers_table_writes_states_and_durations(proxy: Instance) -> None:
+    proxy.open_breaker("alpha")
+    proxy.clock.advance(10_000)
+    result = proxy.cli("breakers")
+    assert result.code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "Provider", "Class", "State", "Failures", "Degraded", "at", "/", "opens", "at", "Retry", "in",
+        "Open", "cycles", "Last", "failure",
+    ]  # fmt: skip
+    alpha = next(line for line in lines if line.startswith("alpha"))
+    assert alpha.split() == ["alpha", "local", "OPEN", "2", "1", "/", "2", "5s", "1", "10s", "ago"]
+    beta = next(line for line in lines if line.startswith("beta"))
+    assert beta.split() == ["beta", "apikey", "CLOSED", "0", "7", "/", "12", "—", "0", "—"]
+
+
+def test_connections_json_is_the_connections_list(proxy: Instance) -> None:
+    proxy.cool("alpha-1")
+    rows = proxy.cli("connections", "--json").json()
+    assert rows == proxy.api(CONNECTIONS)["connections"]
+    assert [(c["id"], c["status"]) for c in rows] == [
+        ("alpha-1", "cooling"),
+        ("alpha-2", "active"),
+        ("beta-1", "active"),
+    ]
+
+
+def test_connections_table(proxy: Instance) -> None:
+    proxy.cool("alpha-1")
+    proxy.engine.set_connection_enabled("alpha-2", False)
+    result = proxy.cli("connections")
+    assert result.code == 0, result.stderr
+    rows = {line.split()[1]: line.split() for line in result.stdout.splitlines()[2:]}
+    assert rows["alpha-1"] == [
+        "alpha",
+        "alpha-1",
+        "cooling",
+        "2s",
+        "1",
+        "503",
+        "server_error",
+        "503",
+        "0",
+        "/",
+        "—",
+    ]
+    assert rows["alpha-2"][2] == "disabled"
+    assert rows["beta-1"] == ["beta", "beta-1", "(Beta", "main)", "active", "—", "0", "—", "—", "0", "/", "2"]
+
+
+def test_cooldowns_json_is_connections_filtered_to_cooling(proxy: Instance) -> None:
+    proxy.cool("alpha-1")
+    rows = proxy.cli("cooldowns", "--json").json()
+    assert rows == [c for c in proxy.api(CONNECTIONS)["connections"] if c["status"] == "cooling"]
+    assert [c["id"] for c in rows] == ["alpha-1"]
+
+
+def test_cooldowns_table_counts_down(proxy: Instance) -> None:
+    engine = proxy.engine
+    engine.settings.patch({"connectionCooldown": {"local": {"baseCooldownMs": 65_000}}}, "resilience")
+    proxy.cool("alpha-1")
+    result = proxy.cli("cooldowns")
+    assert "alpha-1" in result.stdout and "cooling" in result.stdout and "1m 05s" in result.stdout
+    proxy.clock.advance(5_000)
+    assert "1m 00s" in proxy.cli("cooldowns").stdout
+
+
+def test_lockouts_json_is_the_items_list(proxy: Instance) -> None:
+    proxy.lock("alpha-2", "m1")
+    proxy.lock("alpha-1", "m2")
+    rows = proxy.cli("lockouts", "--json").json()
+    assert rows == proxy.api(LOCKOUTS)["items"]
+    assert {(item["connectionId"], item["model"]) for item in rows} == {("alpha-2", "m1"), ("alpha-1", "m2")}
+
+
+def test_lockouts_table(proxy: Instance) -> None:
+    proxy.lock("alpha-2", "m1")
+    proxy.clock.advance(55_000)
+    result = proxy.cli("lockouts")
+    row = next(line for line in result.stdout.splitlines() if line.startswith("alpha"))
+    assert row.split()[:7] == ["alpha", "alpha-2", "m1", "not_found", "1", "1m", "05s"]
+
+
+def test_empty_views_print_a_note_on_stderr_and_nothing_on_stdout(proxy: Instance) -> None:
+    for command, message in (
+        ("cooldowns", "No connection is cooling down."),
+        ("lockouts", "No model is locked out."),
+    ):
+        result = proxy.cli(command)
+        assert (result.code, result.stdout, result.stderr) == (0, "", message + "\n")
+        assert proxy.cli(command, "--json").json() == []
+
+
+def test_json_output_is_the_only_thing_on_stdout(proxy: Instance) -> None:
+    busy(proxy)
+    for command in ("status", "breakers", "connections", "cooldowns", "lockouts"):
+        result = proxy.cli(command, "--json")
+        assert result.stderr == ""
+        result.json()  # the whole of stdout parses
+
+
+def test_url_and_token_come_from_the_config(make_instance: Callable[..., Instance]) -> None:
+    """No --url: the config's [server] port; its management_token too (here the instance requires it)."""
+    secured = make_instance("cli-config-token-abcdef")
+    result = run("breakers", "--json", "--config", str(secured.cli_config))
+    assert result.json() == secured.api(HEALTH)["providerBreakers"]
+    result = run("breakers", "--json", env={"OMNIROUTE_CONFIG": str(secured.cli_config)})
+    assert result.code == 0, result.stderr
+
+
+def test_url_and_token_from_the_environment(secured: Instance) -> None:
+    env = {"OMNIROUTE_URL": secured.url, "OMNIROUTE_MANAGEMENT_TOKEN": secured.token or ""}
+    assert run("lockouts", "--json", env=env).json() == []
