@@ -182,8 +182,8 @@ class _Upstream:
         elif kind == "twokeys":
             key = _bearer(request)
             if key is None or key == _DEAD_KEY or not key.startswith("sk-demo-"):
-                return _error(401, "Incorrect API key provided: invalid api key", "invalid_request_error",
-                              "invalid_api_key")  # fmt: skip
+                message = "Incorrect API key provided: invalid api key"
+                return _error(401, message, "invalid_request_error", "invalid_api_key")
         return None
 
     async def latency(self) -> None:
