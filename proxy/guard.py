@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-import uuid
+import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,7 +31,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = uuid.uuid4().hex[:16]
+        request_id = os.urandom(8).hex()
         scope.setdefault("state", {})["request_id"] = request_id
         rid_header = (b"x-request-id", request_id.encode())
         started = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -139,6 +140,11 @@ def run_headless(options: Options) -> None:
             for warning in runtime.warnings:
                 log.warning("%s", warning)
             log.warning("omniroute %s serving on http://%s:%d/v1", runtime.version, server.host, server.port)
+            # What exists now (modules, config, engine) lives as long as the process: take it out of
+            # the cyclic GC's reach, so that full collections walk only request-time objects. Each
+            # one otherwise walked the whole startup heap, stalling the loop for tens of ms under load.
+            gc.collect()
+            gc.freeze()
             traffic = None
             if options.demo:
                 from proxy.demo import DemoTraffic
@@ -158,8 +164,8 @@ def run_headless(options: Options) -> None:
 
 def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop when it is installed (uvicorn[standard] brings it, except on Windows), as `uvicorn.run`
-    would choose: `Server.serve()` runs on whatever loop it is given, and the stdlib one roughly
-    halves the proxy's throughput."""
+    would choose: `Server.serve()` runs on whatever loop it is given, and on the stdlib one the
+    proxy spends about a fifth more CPU per request (bench/proxy.py)."""
     try:
         import uvloop
     except ImportError:

@@ -1,0 +1,12 @@
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_KEY") or "sk-bench")
+wrk.body = '{"model":"MODEL","messages":[{"role":"user","content":"ping"}],"max_tokens":1}'
+local model = os.getenv("BENCH_MODEL") or "bench-model"
+wrk.body = string.gsub(wrk.body, "MODEL", model)
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT requests=%d rps=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f errors=%d non2xx=%d\n",
+    summary.requests, summary.requests / (summary.duration / 1e6), latency:percentile(50)/1000, latency:percentile(90)/1000,
+    latency:percentile(99)/1000, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status))
+end

@@ -1,0 +1,601 @@
+"""The proxy speed bars of quality.md §3, in one command and one run: read the ratios, not the times.
+
+    python bench/proxy.py                                # everything (about 2 minutes)
+    python bench/proxy.py --seconds 1 --rounds 2 --connections 1,8 --skip-stream   # a quick look
+    python bench/proxy.py --only direct,floor,omniroute  # leave LiteLLM out even when installed
+
+Non-streaming (the method of the shared harness, ../shared/bench/compare.py): a fixed-reply nginx
+upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8 and 32 connections against the
+upstream directly, against the *floor* (floor_proxy.py: Starlette + aiohttp forwarding, nothing
+else), against omniroute (`omniroute serve`, this checkout), and against LiteLLM's proxy when the
+`litellm` command is installed (it is never installed by this script). Unlike compare.py, each
+figure is several short rounds in which the targets take turns, and every ratio is the median of
+the per-round ratios: on a shared machine, load from elsewhere then hits both sides of a ratio.
+The CPU time each target's processes spend per request is reported too: it moves far less with
+that load than throughput does.
+
+Streaming: sse_upstream.py emits a 1,000-event SSE stream, one send per event, as fast as it can.
+A Python client (aiohttp, `iter_any()`) reads it directly and through omniroute, alternately, and
+counts events: the chunk rate is events / (last byte - first event), the time to first chunk is
+request sent -> first event. A second upstream model pauses 200 ms after its first event: a relay
+that buffers would hold that first event back until the pause is over.
+
+Needs nginx and wrk (apt-get install -y nginx wrk), and starlette, uvicorn, aiohttp in this Python.
+Exits 0 when everything ran (whether or not a bar is met), 1 when something could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# 18080 is fixed in nginx-upstream.conf; the others match the shared harness where it has them.
+UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = 18080, 18090, 14002, 14010, 14000
+LITELLM_KEY = "sk-bench-master-0123456789abcdef"
+TARGETS = ("direct", "floor", "omniroute", "litellm")
+STREAM_CHUNKS = 1000
+PAUSE_MS = 200.0
+
+OMNI_CONFIG = f"""
+[server]
+host = "127.0.0.1"
+port = {OMNI_PORT}
+
+[providers.bench]
+class = "local"
+base_url = "http://127.0.0.1:{UPSTREAM_PORT}/v1"
+
+[[providers.bench.connections]]
+id = "bench-1"
+
+[providers.sse]
+class = "local"
+base_url = "http://127.0.0.1:{SSE_PORT}/v1"
+
+[[providers.sse.connections]]
+id = "sse-1"
+"""
+
+# The bars (quality.md §3).
+BAR_FLOOR_THROUGHPUT = 0.60
+BAR_ADDED_P50 = 2.0
+BAR_LITELLM = 20.0
+BAR_STREAM_RATE = 0.80
+
+
+# ---------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Child processes in their own sessions, each logging to a temp file; all stopped on exit."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def start(
+        self, name: str, cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        log_path = self.tmp / f"{name}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append((name, proc, log_path))
+
+    def session(self, name: str) -> int:
+        """The session id of a started process (its pid: each one leads its own session)."""
+        return next(proc.pid for n, proc, _ in self.procs if n == name)
+
+    def log_tail(self, name: str) -> str:
+        for n, _, path in self.procs:
+            if n == name:
+                return path.read_text(errors="replace")[-800:]
+        return ""
+
+    def stop_all(self) -> None:
+        for _, proc, _ in reversed(self.procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def cpu_seconds(session: int) -> float:
+    """CPU time (user + system) used so far by every live process of a session (nginx: master and
+    worker). Read from /proc; 0 where there is none (not Linux)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # fields[3] is `session`; [11], [12] are utime, stime
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_port(port: int, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if port_open(port):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def omniroute_command() -> list[str]:
+    """`omniroute` (the console script's entry point) run from this checkout with this Python.
+
+    With cwd = the repository root, this checkout's `proxy` and `omniroute_tui` come first on
+    sys.path, so the code measured is the code next to this file even when the package installed
+    in the environment is another copy (a CI clone, a worktree)."""
+    return [sys.executable, "-c", "import sys; from omniroute_tui.cli import main; sys.exit(main())"]
+
+
+# ---------------------------------------------------------------------- non-streaming (wrk)
+
+
+def wrk(port: int, connections: int, seconds: int, model: str, key: str = "sk-bench") -> dict[str, float]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "-s",
+            str(HERE / "post.lua"),
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BENCH_MODEL": model, "BENCH_KEY": key},
+    )
+    m = re.search(r"RESULT (.*)", out.stdout)
+    if not m:
+        raise RuntimeError(f"wrk produced no result: {(out.stdout + out.stderr)[-300:]!r}")
+    return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+
+
+Rounds = dict[tuple[str, int], list[dict[str, float]]]
+"""(target, connections) -> one wrk result per round."""
+Target = tuple[int, str, str, int]
+"""port, model, API key, and the session id of the serving processes (for their CPU time)."""
+
+
+def wrk_cpu(target: Target, connections: int, seconds: int) -> dict[str, float]:
+    """One wrk run plus the target's CPU time per request (`cpu_us`), a figure that the load
+    of other processes on the machine disturbs far less than throughput."""
+    port, model, key, session = target
+    before = cpu_seconds(session)
+    result = wrk(port, connections, seconds, model, key)
+    used = cpu_seconds(session) - before
+    result["cpu_us"] = used * 1e6 / result["requests"] if result.get("requests") else 0.0
+    return result
+
+
+def measure(
+    targets: dict[str, Target], connections: int, seconds: int, rounds: int
+) -> dict[str, list[dict[str, float]]]:
+    """Every target at one connection count: a warm-up each, then `rounds` short rounds in which
+    the targets take turns (in a rotating order), so that load from elsewhere on the machine falls
+    on all of them alike and each ratio can be taken within a round."""
+    for port, model, key, _ in targets.values():
+        wrk(port, connections, 2, model, key)
+    names = list(targets)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            runs[name].append(wrk_cpu(targets[name], connections, seconds))
+    return runs
+
+
+def summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Median throughput and latencies, summed errors, and the rounds' throughput spread."""
+    rps = [r["rps"] for r in runs]
+    mid = statistics.median(rps)
+    return {
+        "rps": mid,
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+        "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "cpu_us": statistics.median(r["cpu_us"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "non2xx": sum(r["non2xx"] for r in runs),
+        "spread": (max(rps) - min(rps)) / mid if mid else 0.0,
+    }
+
+
+def throughput_ratio(rounds: Rounds, a: str, b: str, c: int, figure: str = "rps") -> float | None:
+    """Median over the rounds of a's figure over b's in the same round."""
+    ra, rb = rounds.get((a, c)), rounds.get((b, c))
+    if not ra or not rb or any(y[figure] <= 0 for y in rb):
+        return None
+    return statistics.median(x[figure] / y[figure] for x, y in zip(ra, rb, strict=True))
+
+
+def added_p50(rounds: Rounds, c: int) -> tuple[float, float, float] | None:
+    """Medians over the rounds: omniroute's and the floor's p50 minus the direct one, and their ratio."""
+    d, f, o = (rounds.get((n, c)) for n in ("direct", "floor", "omniroute"))
+    if not d or not f or not o:
+        return None
+    added_f = [fr["p50_ms"] - dr["p50_ms"] for dr, fr in zip(d, f, strict=True)]
+    added_o = [orr["p50_ms"] - dr["p50_ms"] for dr, orr in zip(d, o, strict=True)]
+    ratios = [ao / af if af > 0 else float("inf") for ao, af in zip(added_o, added_f, strict=True)]
+    return statistics.median(added_o), statistics.median(added_f), statistics.median(ratios)
+
+
+# ---------------------------------------------------------------------- streaming (aiohttp client)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRun:
+    ttfb_ms: float  # request sent -> first event bytes
+    body_ms: float  # first event bytes -> end of the stream
+    events: int
+
+    @property
+    def rate(self) -> float:
+        """Events per second while the body flows (the first event is the start mark, not counted)."""
+        return (self.events - 1) / (self.body_ms / 1000) if self.body_ms > 0 else float("inf")
+
+
+async def read_stream(session: Any, url: str, model: str) -> StreamRun:
+    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": "ping"}]}
+    t0 = time.perf_counter()
+    first = 0.0
+    events = 0
+    last = b""
+    async with session.post(url, json=body, headers={"authorization": "Bearer sk-bench"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url} {model}: HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for chunk in resp.content.iter_any():
+            if not first:
+                first = time.perf_counter()
+            # Events end with a blank line; carry one byte so a "\n\n" split across reads counts.
+            events += (last + chunk).count(b"\n\n")
+            last = chunk[-1:]
+    end = time.perf_counter()
+    return StreamRun((first - t0) * 1000, (end - first) * 1000, events)
+
+
+async def stream_bench(
+    targets: dict[str, tuple[str, str]], runs: int
+) -> dict[str, dict[str, list[StreamRun]]]:
+    """Alternate the targets run by run so machine noise falls on both alike."""
+    import aiohttp
+
+    results: dict[str, dict[str, list[StreamRun]]] = {"fast": {}, "pause": {}}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for kind, model_suffix, count, warm in (("fast", "", runs, 3), ("pause", "-pause", 5, 1)):
+            for name in targets:
+                results[kind][name] = []
+            for i in range(warm + count):
+                for name, (url, model) in targets.items():
+                    run = await read_stream(session, url, model + model_suffix)
+                    if i >= warm:
+                        results[kind][name].append(run)
+    return results
+
+
+def run_async(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+# ---------------------------------------------------------------------- report
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+class Report:
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self.out = out
+        self.bars: list[tuple[str, str, str, bool | None]] = []
+
+    def line(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def bar(self, name: str, bar: str, measured: str, met: bool | None) -> None:
+        self.bars.append((name, bar, measured, met))
+
+    def print_bars(self) -> None:
+        self.line()
+        self.line("bars (quality.md §3)")
+        width = max(len(b[0]) for b in self.bars) if self.bars else 10
+        for name, bar, measured, met in self.bars:
+            verdict = "n/a" if met is None else ("meets" if met else "MISSES")
+            self.line(f"  {name:<{width}}  {bar:<14} {measured:<44} {verdict}")
+
+
+def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm: str) -> None:
+    report.line(
+        f"{'target':<10} {'conns':>5} {'req/s':>10} {'spread':>7} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'cpu us/req':>10} {'errors':>7} {'non2xx':>7}"
+    )
+    for (name, c), runs in rounds.items():
+        r = summary(runs)
+        report.line(
+            f"{name:<10} {c:>5} {r['rps']:>10.1f} {r['spread']:>7.0%} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
+            f"{r['cpu_us']:>10.0f} {int(r['errors']):>7} {int(r['non2xx']):>7}"
+        )
+    report.line(
+        "(medians of the rounds; spread: the rounds' req/s max - min over the median; cpu us/req: CPU time\n"
+        " of the target's processes per request, user + system: direct is nginx)"
+    )
+    report.line("ratios below: medians of the per-round ratios (each round's targets ran back to back)")
+    for c in conns:
+        parts = [f"c={c}:"]
+        floor_ratio = throughput_ratio(rounds, "omniroute", "floor", c)
+        if floor_ratio is not None:
+            parts.append(f"omniroute/floor throughput {floor_ratio:.2f}")
+        cpu_ratio = throughput_ratio(rounds, "omniroute", "floor", c, "cpu_us")
+        if cpu_ratio is not None:
+            parts.append(f"CPU per request x{cpu_ratio:.2f} the floor's")
+        added = added_p50(rounds, c)
+        if added is not None:
+            parts.append(f"added p50 {added[0]:.3f} ms vs floor {added[1]:.3f} ms (x{added[2]:.2f})")
+        lite_ratio = throughput_ratio(rounds, "omniroute", "litellm", c)
+        if lite_ratio is not None:
+            parts.append(f"omniroute/litellm throughput {lite_ratio:.1f}")
+        if len(parts) > 1:
+            report.line(f"  {parts[0]} {', '.join(parts[1:])}")
+
+    ratio = throughput_ratio(rounds, "omniroute", "floor", 8)
+    name, bar = "throughput vs floor, 8 conns", f">= {BAR_FLOOR_THROUGHPUT:.2f}"
+    if ratio is None:
+        report.bar(name, bar, "not measured (needs c=8, floor, omniroute)", None)
+    else:
+        o, f = summary(rounds[("omniroute", 8)]), summary(rounds[("floor", 8)])
+        measured = f"{ratio:.2f} ({o['rps']:.0f} vs {f['rps']:.0f} req/s)"
+        cpu_ratio = throughput_ratio(rounds, "floor", "omniroute", 8, "cpu_us")
+        if cpu_ratio is not None:  # what the ratio tends to when the machine is CPU-bound
+            measured += f"; by CPU per request {cpu_ratio:.2f}"
+        report.bar(name, bar, measured, ratio >= BAR_FLOOR_THROUGHPUT)
+    added = added_p50(rounds, 1)
+    name, bar = "added p50 vs floor's, 1 conn", f"<= {BAR_ADDED_P50:.1f}x"
+    if added is None:
+        report.bar(name, bar, "not measured (needs c=1, direct, floor, omniroute)", None)
+    else:
+        measured = f"{added[2]:.2f}x ({added[0]:.3f} vs {added[1]:.3f} ms)"
+        report.bar(name, bar, measured, added[2] <= BAR_ADDED_P50)
+    lite_conns = [c for (n, c) in rounds if n == "litellm"]
+    c = 8 if 8 in lite_conns else (lite_conns[0] if lite_conns else 0)
+    ratio = throughput_ratio(rounds, "omniroute", "litellm", c)
+    name, bar = (
+        f"throughput vs LiteLLM, {c} conns" if c else "throughput vs LiteLLM",
+        f">= {BAR_LITELLM:.0f}x",
+    )
+    if ratio is None:
+        report.bar(name, bar, litellm if not lite_conns else "not measured (needs omniroute)", None)
+    else:
+        o, lite = summary(rounds[("omniroute", c)]), summary(rounds[("litellm", c)])
+        measured = f"{ratio:.1f}x ({o['rps']:.0f} vs {lite['rps']:.0f} req/s)"
+        report.bar(name, bar, measured, ratio >= BAR_LITELLM)
+
+
+def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]]) -> None:
+    fast, pause = results["fast"], results["pause"]
+    report.line()
+    report.line(f"streaming: {STREAM_CHUNKS:,}-event SSE, {len(fast['direct'])} streams each, medians")
+    report.line(
+        f"{'path':<10} {'events':>7} {'chunks/s':>10} {'body ms':>8} {'ttfb ms':>8} {'ttfb(pause) ms':>15}"
+    )
+    for name, runs in fast.items():
+        events = {r.events for r in runs}
+        report.line(
+            f"{name:<10} {'/'.join(map(str, sorted(events))):>7} {median([r.rate for r in runs]):>10.0f} "
+            f"{median([r.body_ms for r in runs]):>8.2f} {median([r.ttfb_ms for r in runs]):>8.3f} "
+            f"{median([r.ttfb_ms for r in pause[name]]):>15.3f}"
+        )
+    report.line(
+        "(chunks/s: events / (end - first event); ttfb: request sent -> first event, in this fast stream\n"
+        f" including the client's parsing of what came with it; ttfb(pause): the stream that pauses\n"
+        f" {PAUSE_MS:.0f} ms after its first event, the one that shows buffering)"
+    )
+    expected = STREAM_CHUNKS + 1  # the events and [DONE]
+    complete = all(r.events == expected for runs in fast.values() for r in runs)
+    if not complete:
+        report.line(f"warning: some streams did not carry {expected} events (see the events column)")
+    d_rate, o_rate = median([r.rate for r in fast["direct"]]), median([r.rate for r in fast["omniroute"]])
+    # Streams alternate direct / omniroute: compare each pair, then take the median.
+    ratio = median([o.rate / d.rate for d, o in zip(fast["direct"], fast["omniroute"], strict=True)])
+    report.bar(
+        "SSE relay chunk rate vs direct",
+        f">= {BAR_STREAM_RATE:.2f}",
+        f"{ratio:.2f} ({o_rate:.0f} vs {d_rate:.0f} events/s)",
+        ratio >= BAR_STREAM_RATE and complete,
+    )
+    # With a 200 ms pause after the first event, a relay that buffers delivers its first byte
+    # after the pause; an unbuffered one within its ordinary per-request overhead.
+    d_ttfb, o_ttfb = (
+        median([r.ttfb_ms for r in pause["direct"]]),
+        median([r.ttfb_ms for r in pause["omniroute"]]),
+    )
+    report.bar(
+        "first chunk not held back",
+        f"< {PAUSE_MS / 2:.0f} ms",
+        f"{o_ttfb:.2f} ms via omniroute vs {d_ttfb:.2f} direct ({PAUSE_MS:.0f} ms pause follows)",
+        o_ttfb < PAUSE_MS / 2,
+    )
+
+
+# ---------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=2, help="wrk duration of one round (default 2)")
+    ap.add_argument(
+        "--rounds", type=int, default=4, help="rounds per figure, targets taking turns (default 4)"
+    )
+    ap.add_argument("--connections", default="1,8,32", help="wrk connection counts, comma-separated")
+    ap.add_argument("--only", default=",".join(TARGETS), help=f"targets among {','.join(TARGETS)}")
+    ap.add_argument("--skip-stream", action="store_true", help="leave out the streaming relay measurement")
+    ap.add_argument("--stream-runs", type=int, default=30, help="streams per path (default 30)")
+    args = ap.parse_args(argv)
+    wanted = [t.strip() for t in args.only.split(",") if t.strip()]
+    unknown = sorted(set(wanted) - set(TARGETS))
+    if unknown:
+        ap.error(f"unknown targets {unknown}; choose among {','.join(TARGETS)}")
+    conns = [int(c) for c in args.connections.split(",")]
+    for tool in ("nginx", "wrk"):
+        if not shutil.which(tool):
+            print(f"missing {tool}: apt-get install -y nginx wrk", file=sys.stderr)
+            return 1
+    busy = [p for p in (UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT) if port_open(p)]
+    if busy:
+        print(f"ports already in use: {busy} (another benchmark running?)", file=sys.stderr)
+        return 1
+
+    report = Report()
+    tmp = Path(tempfile.mkdtemp(prefix="omr-bench-"))
+    procs = Processes(tmp)
+    failed = False
+
+    def need(name: str, port: int, timeout: float = 30.0) -> bool:
+        nonlocal failed
+        if wait_port(port, timeout):
+            return True
+        print(f"{name} did not start; its log ends:\n{procs.log_tail(name)}", file=sys.stderr)
+        failed = True
+        return False
+
+    try:
+        procs.start("nginx", ["nginx", "-c", str(HERE / "nginx-upstream.conf")])
+        if not need("nginx", UPSTREAM_PORT):
+            return 1
+        omni = "omniroute" in wanted or not args.skip_stream
+        if not args.skip_stream:
+            procs.start("sse", [sys.executable, str(HERE / "sse_upstream.py"), "--port", str(SSE_PORT)])
+            need("sse", SSE_PORT)
+        targets: dict[str, Target] = {}
+        if "direct" in wanted:
+            targets["direct"] = (UPSTREAM_PORT, "bench-model", "sk-bench", procs.session("nginx"))
+        if "floor" in wanted:
+            procs.start(
+                "floor",
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "floor_proxy:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(FLOOR_PORT),
+                    "--no-access-log",
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=HERE,
+            )
+            if need("floor", FLOOR_PORT):
+                targets["floor"] = (FLOOR_PORT, "bench-model", "sk-bench", procs.session("floor"))
+        if omni:
+            (tmp / "config.toml").write_text(OMNI_CONFIG)
+            cmd = [*omniroute_command(), "serve", "--config", str(tmp / "config.toml")]
+            procs.start("omniroute", [*cmd, "--state", str(tmp / "state.db")], cwd=ROOT)
+            if need("omniroute", OMNI_PORT) and "omniroute" in wanted:
+                targets["omniroute"] = (
+                    OMNI_PORT,
+                    "bench/bench-model",
+                    "sk-bench",
+                    procs.session("omniroute"),
+                )
+        litellm_note = "not installed" if shutil.which("litellm") is None else "not run (--only)"
+        if "litellm" in wanted and shutil.which("litellm"):
+            procs.start(
+                "litellm",
+                [
+                    "litellm",
+                    "--config",
+                    str(HERE / "litellm-config.yaml"),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(LITELLM_PORT),
+                    "--num_workers",
+                    "1",
+                ],
+                env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"},
+            )
+            if need("litellm", LITELLM_PORT, timeout=120):
+                time.sleep(3)
+                targets["litellm"] = (LITELLM_PORT, "bench-model", LITELLM_KEY, procs.session("litellm"))
+            else:
+                litellm_note = "did not start"
+
+        report.line(
+            f"proxy benchmark: wrk -t1; per figure {args.rounds} x {args.seconds} s, targets interleaved, "
+            f"after a 2 s warm-up; targets {', '.join(targets)}; {os.cpu_count()} CPUs"
+        )
+        rounds: Rounds = {}
+        for c in conns:
+            try:
+                for name, runs in measure(targets, c, args.seconds, args.rounds).items():
+                    rounds[(name, c)] = runs
+            except RuntimeError as exc:
+                print(f"c={c}: {exc}", file=sys.stderr)
+                failed = True
+        report.line()
+        nonstream_section(report, rounds, conns, litellm_note)
+
+        if not args.skip_stream:
+            if port_open(SSE_PORT) and port_open(OMNI_PORT):
+                paths = {
+                    "direct": (f"http://127.0.0.1:{SSE_PORT}/v1/chat/completions", "bench-model"),
+                    "omniroute": (f"http://127.0.0.1:{OMNI_PORT}/v1/chat/completions", "sse/bench-model"),
+                }
+                try:
+                    stream_section(report, run_async(stream_bench(paths, args.stream_runs)))
+                except Exception as exc:
+                    print(f"streaming benchmark failed: {exc!r}", file=sys.stderr)
+                    failed = True
+            else:
+                failed = True
+        report.print_bars()
+        return 1 if failed else 0
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
