@@ -1,0 +1,94 @@
+"""Operator actions: what `r`, `e` and `R` do to the engine, and the CLI command each one equals.
+
+No Textual here: the app runs `apply` in a worker and reports the result. The engine itself emits
+an `operator` event per action (its key is the command without `omniroute `), so every action
+lands in the Events tab and in `GET /api/events` the same way, whichever surface triggered it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from proxy.engine import Engine
+
+Table = Literal["breakers", "connections", "lockouts"]
+Verb = Literal["reset", "toggle"]
+Scope = Literal["row", "shown", "all"]
+"""`row`: the selected row (`r`, `e`); `shown`: every row the filter keeps (`R`); `all`: `R` with no filter."""
+
+SOURCE = "tui"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    table: Table
+    verb: Verb
+    targets: tuple[tuple[str, ...], ...]
+    """Row targets: (provider,), (connection id,) or (provider, connection id, model)."""
+    scope: Scope = "row"
+
+    @property
+    def bulk(self) -> bool:
+        """Acts on every row shown: asks first (single-row actions never do)."""
+        return self.scope != "row"
+
+    def describe(self) -> str:
+        """The question the confirmation dialog asks."""
+        n = len(self.targets)
+        noun = {"breakers": "breaker", "connections": "connection", "lockouts": "lockout"}[self.table]
+        verb = {"breakers": "Reset", "connections": "Clear", "lockouts": "Re-enable"}[self.table]
+        if self.verb == "toggle":
+            verb = "Enable/disable"
+        plural = "" if n == 1 else "s"
+        scope = " (every row)" if self.scope == "all" else " (every row the filter shows)"
+        return f"{verb} {n:,} {noun}{plural}{scope}?"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    commands: tuple[str, ...]
+    """The equivalent CLI commands, `omniroute ...`."""
+    changed: int
+
+    def summary(self) -> str:
+        if len(self.commands) <= 2:
+            return "; ".join(self.commands)
+        return f"{self.commands[0]} … and {len(self.commands) - 1} more"
+
+
+def apply(engine: Engine, action: Action) -> Result:
+    """Run the action; KeyError when a target vanished (a row can outlive its entry by one tick)."""
+    commands: list[str] = []
+    changed = 0
+    if action.verb == "toggle":
+        for (cid,) in action.targets:
+            enabled = not engine.connections[cid].health.enabled
+            engine.set_connection_enabled(cid, enabled, source=SOURCE)
+            commands.append(f"omniroute {'enable' if enabled else 'disable'} {cid}")
+            changed += 1
+        return Result(tuple(commands), changed)
+    if action.table == "breakers":
+        if action.scope == "all":
+            changed = engine.reset_breakers(None, source=SOURCE)
+            commands.append("omniroute reset breaker --all")
+        else:
+            for (pid,) in action.targets:
+                changed += engine.reset_breakers(pid, source=SOURCE)
+                commands.append(f"omniroute reset breaker {pid}")
+    elif action.table == "connections":
+        if action.scope == "all":
+            changed = engine.reset_connection(None, source=SOURCE)
+            commands.append("omniroute reset connection --all")
+        else:
+            for (cid,) in action.targets:
+                changed += engine.reset_connection(cid, source=SOURCE)
+                commands.append(f"omniroute reset connection {cid}")
+    elif action.scope == "all":
+        changed = engine.reenable_all(source=SOURCE)
+        commands.append("omniroute reenable --all")
+    else:
+        for provider, cid, model in action.targets:
+            changed += engine.reenable(provider, model, cid, source=SOURCE)
+            commands.append(f"omniroute reenable {provider}/{model} --connection {cid}")
+    return Result(tuple(commands), changed)

@@ -1,0 +1,313 @@
+"""One settings card: a draft of some settings sections, saved through the API's own validation.
+
+The card keeps two things: `live` (the values it last loaded from the runtime) and the draft (what
+its fields show). `ctrl+s` sends the fields that differ from the runtime's current values as one
+partial PATCH of the card's group, so the runtime applies exactly the checks `PATCH /api/resilience`
+(or `/api/settings`) applies, and an invalid draft changes nothing. `escape` reloads the live values;
+"Reset defaults" loads the schema defaults into the draft only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Button, Static
+from textual.worker import Worker, WorkerState
+
+from omniroute_tui.cards.catalog import CLASS_LABELS, Block, CardSpec, Explainer, format_range, get_path, nest
+from omniroute_tui.cards.fields import SettingField, make_field
+from proxy.resilience.errors import FieldError, SettingsError
+from proxy.resilience.outcome import PROVIDER_CLASSES
+from proxy.settings import defaults
+
+if TYPE_CHECKING:
+    from proxy.runtime import Runtime
+
+__all__ = ["READ_ONLY_NOTE", "SettingsCard"]
+
+READ_ONLY_NOTE = (
+    "Read-only: the console was started with --read-only, so settings can be viewed, not changed."
+)
+
+
+class SettingsCard(Vertical):
+    DEFAULT_CSS = """
+    SettingsCard {
+        height: auto;
+        border: round $panel-lighten-2;
+        border-title-style: bold;
+        border-subtitle-color: $text-warning;
+        padding: 0 1;
+        & .block-title { text-style: bold underline; }
+        & .explainer { color: $text-muted; margin-bottom: 1; }
+        & .grid-head, & .grid-row { height: auto; }
+        & .grid-row { margin-bottom: 1; }
+        & .row-name { width: 24; }
+        & .col-head { width: 1fr; text-style: bold; }
+        & .grid-row SettingField { padding: 0 1 0 0; }
+        & .status { margin-top: 1; color: $text-muted; }
+        & .status.-error { color: $text-error; }
+        & .status.-dirty { color: $text-warning; }
+        & .actions { height: auto; }
+        & .actions Button { margin: 0 1 0 0; min-width: 8; }
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+s", "save", "Save card", tooltip="Save this card's draft", id="settings-save"),
+        Binding(
+            "escape", "discard", "Discard draft", tooltip="Back to the live values", id="settings-discard"
+        ),
+    ]
+
+    class Saved(Message):
+        """A draft was applied and persisted; `document` is the group's settings after it."""
+
+        def __init__(self, card: SettingsCard, patch: dict[str, Any], document: dict[str, Any]) -> None:
+            super().__init__()
+            self.card = card
+            self.patch = patch
+            self.document = document
+
+        @property
+        def control(self) -> SettingsCard:
+            return self.card
+
+    def __init__(self, spec: CardSpec, runtime: Runtime, *, read_only: bool = False) -> None:
+        super().__init__(id=f"card-{spec.id}")
+        self.spec = spec
+        self.read_only = read_only
+        self._runtime = runtime
+        self.live: dict[str, object] = self._read_live()
+        """The live values the draft started from, by dotted path."""
+        self._note = ""
+        self._note_kind = ""
+        self._stale = False
+        self._status_text = ""
+        self.border_title = spec.title
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        for block in self.spec.blocks:
+            if block.title:
+                yield Static(block.title, classes="block-title")
+            yield Static(_explain(block.explainer), classes="explainer")
+            yield from self._block_fields(block)
+        yield Static("", classes="status")
+        with Horizontal(classes="actions"):
+            yield Button("Save", compact=True, classes="save", disabled=self.read_only)
+            yield Button("Reset defaults", compact=True, classes="reset-defaults", disabled=self.read_only)
+
+    def _block_fields(self, block: Block) -> Iterable[Any]:
+        if not block.per_class:
+            for spec in block.specs():
+                yield self._field(make_field(spec, self.live[spec.path], label=spec.name))
+            return
+        with Horizontal(classes="grid-head"):
+            yield Static("", classes="row-name")
+            for cls in PROVIDER_CLASSES:
+                yield Static(CLASS_LABELS[cls], classes="col-head")
+        for name in block.row_names():
+            with Horizontal(classes="grid-row"):
+                yield Static(
+                    Text.assemble(name, "\n", (format_range(block.cell(name, "oauth")), "dim")),
+                    classes="row-name",
+                )
+                for cls in PROVIDER_CLASSES:
+                    spec = block.cell(name, cls)
+                    yield self._field(make_field(spec, self.live[spec.path], label=None))
+
+    def _field(self, field: SettingField) -> SettingField:
+        field.disabled = self.read_only
+        return field
+
+    def on_mount(self) -> None:
+        self._show_status()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def fields(self) -> dict[str, SettingField]:
+        """The card's fields by dotted path."""
+        return {field.spec.path: field for field in self.query(SettingField)}
+
+    def draft(self) -> dict[str, object]:
+        """What the fields show, by dotted path (None for an integer field that holds no number)."""
+        return {path: field.value for path, field in self.fields.items()}
+
+    @property
+    def dirty(self) -> bool:
+        """The draft differs from the live values it started from."""
+        return self.draft() != self.live
+
+    def _read_live(self) -> dict[str, object]:
+        document = self._runtime.settings.document(self.spec.group)
+        return {spec.path: get_path(document, spec.path) for spec in self.spec.specs()}
+
+    def load(self, values: Mapping[str, object]) -> None:
+        """Show `values` as the live state: the draft becomes clean."""
+        self.live = dict(values)
+        self._stale = False
+        for path, field in self.fields.items():
+            field.load(values[path])
+
+    def refresh_live(self) -> None:
+        """The runtime's settings changed (a PATCH over the API, the CLI, another card).
+
+        A card without a draft follows at once; a card with one keeps it and says that the live
+        values moved underneath (escape loads them, ctrl+s overwrites them)."""
+        live = self._read_live()
+        if live == self.live:
+            return
+        if not self.dirty:
+            self.load(live)
+            self._set_note("Updated from a change made elsewhere.")
+            return
+        self.live = live
+        if not self.dirty:
+            self.load(live)
+            return
+        self._stale = True
+        self._show_status()
+
+    # ------------------------------------------------------------------ status line
+
+    def _set_note(self, text: str, kind: str = "") -> None:
+        self._note, self._note_kind = text, kind
+        self._show_status()
+
+    def _show_status(self) -> None:
+        if not self.is_mounted:
+            return
+        line = self.query_one(".status", Static)
+        dirty = self.dirty
+        subtitle = "● unsaved draft" if dirty else ""
+        if self.border_subtitle != subtitle:
+            self.border_subtitle = subtitle
+        if self.read_only:
+            text, kind = READ_ONLY_NOTE, ""
+        elif self._note:
+            text, kind = self._note, self._note_kind
+        elif dirty:
+            text, kind = "Unsaved draft: ctrl+s saves this card, escape discards it.", "-dirty"
+            if self._stale:
+                text += " The live values changed meanwhile."
+        else:
+            text, kind = "Live values. ctrl+s saves the card, escape discards a draft.", ""
+        if text != self._status_text:  # an update re-lays out the screen: not on every keystroke
+            self._status_text = text
+            line.update(text)
+        line.set_class(kind == "-error", "-error")
+        line.set_class(kind == "-dirty", "-dirty")
+
+    @property
+    def status(self) -> str:
+        """The status line's text."""
+        return self._status_text
+
+    @on(SettingField.Edited)
+    def _edited(self, event: SettingField.Edited) -> None:
+        event.stop()
+        self._note = ""
+        self._show_status()
+
+    # ------------------------------------------------------------------ actions
+
+    @on(Button.Pressed, ".save")
+    def _save_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_save()
+
+    @on(Button.Pressed, ".reset-defaults")
+    def _reset_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_reset_defaults()
+
+    def action_save(self) -> None:
+        if self.read_only:
+            self._set_note(READ_ONLY_NOTE)
+            return
+        fields = self.fields
+        unreadable = [path for path, value in self.draft().items() if value is None]
+        for path in unreadable:
+            fields[path].show_message(f"must be {fields[path].spec.accepted()}")
+        if unreadable:
+            self._set_note("Not saved: a field holds no number. Nothing changed.", "-error")
+            return
+        current = self._read_live()
+        changes = {path: value for path, value in self.draft().items() if value != current[path]}
+        if not changes:
+            self.load(current)
+            self._set_note("Nothing to save: the card matches the live settings.")
+            return
+        self._set_note("Saving…")
+        self.save(nest(changes))
+
+    @work(exclusive=True, group="settings", exit_on_error=False)
+    async def save(self, patch: dict[str, Any]) -> None:
+        """Apply `patch` to the card's group and persist it; field errors show on their fields."""
+        try:
+            document = await self._runtime.patch_settings(patch, self.spec.group)
+        except SettingsError as exc:
+            self._show_errors(exc.fields)
+            return
+        self.load({spec.path: get_path(document, spec.path) for spec in self.spec.specs()})
+        self._set_note("Saved.")
+        self.post_message(self.Saved(self, patch, document))
+
+    def _show_errors(self, errors: list[FieldError]) -> None:
+        fields = self.fields
+        elsewhere = []
+        for error in errors:
+            if error.field in fields:
+                fields[error.field].show_message(error.message)
+            else:
+                elsewhere.append(f"{error.field}: {error.message}")
+        count = len(errors)
+        text = f"Not saved: {count} field{'s' if count != 1 else ''} rejected. Nothing changed."
+        if elsewhere:
+            text += " " + "; ".join(elsewhere)
+        self._set_note(text, "-error")
+
+    @on(Worker.StateChanged)
+    def _worker_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "settings":
+            return
+        event.stop()
+        if event.state == WorkerState.ERROR:
+            self._set_note(f"Save failed: {event.worker.error}", "-error")
+        elif event.state == WorkerState.CANCELLED:
+            self._set_note("Save interrupted: check the live values.", "-error")
+
+    def action_discard(self) -> None:
+        self.load(self._read_live())
+        self._set_note("Draft discarded: showing the live values.")
+
+    def action_reset_defaults(self) -> None:
+        if self.read_only:
+            return
+        document = defaults()
+        for path, field in self.fields.items():
+            field.load(get_path(document, path))
+        self._set_note("Defaults loaded into the draft: ctrl+s saves them, escape discards.", "-dirty")
+
+
+def _explain(explainer: Explainer) -> Text:
+    return Text.assemble(
+        ("Scope: ", "bold"),
+        explainer.scope,
+        "\n",
+        ("Trigger: ", "bold"),
+        explainer.trigger,
+        "\n",
+        ("Effect: ", "bold"),
+        explainer.effect,
+    )

@@ -1,0 +1,397 @@
+"""The console's only collector: reads the engine in-process and posts immutable snapshots.
+
+Why one collector: the proxy serves from the same event loop, so every millisecond spent reading
+the engine is a millisecond a request waits. So there is one re-armed one-shot timer (never
+`set_interval`, so ticks cannot pile up), at most two ticks a second, and a tick builds nothing
+unless something changed: bus events, finished requests, the view, or a countdown on screen.
+Only the active tab's rows are built; the other tables catch up when they are shown.
+
+The bus subscriber and the log handler only append to a deque: they run on the request path
+(and, for logging, on any thread), so they must be O(1) and must not touch Textual.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Final
+
+from textual.message_pump import MessagePump
+from textual.timer import Timer
+
+from omniroute_tui import snapshot as snap
+from omniroute_tui.messages import SnapshotReady
+from omniroute_tui.snapshot import Detail, Entry, Overview, Row, Snapshot, SortKey, TableSnapshot, View
+from proxy.resilience.events import Event
+from proxy.resilience.lockout import LockoutEntry, LockoutTable
+from proxy.runtime import Runtime
+
+TICK_S: Final = 0.5
+HISTORY: Final = 1000
+"""Events and log lines kept for the Events tab and the detail panes (the bus ring's size)."""
+
+_LogLine = tuple[float, str, str, str]
+_EXPIRES = 5  # the Remaining column: its sort key is the deadline
+
+
+class LockoutIndex:
+    """Every running lockout as a row, kept current from lockout events instead of rescanned.
+
+    There can be 10,000 lockouts, and between two ticks usually only their countdowns move. The
+    rows are kept in ascending (deadline, key) order: the locks that expired (silently, as a
+    deadline passing) are a prefix cut by bisection, the default view (longest remaining first)
+    is the list reversed, and a lockout event re-reads just its own triple. Other views are sorted
+    once per change. The one change that has no event, success decay halving the count of a lock
+    whose request was already in flight, shows at that triple's next event.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.entries: dict[str, tuple[LockoutEntry, Row]] = {}
+        """By row key: the live entry and the row it was rendered into."""
+        self.matching: tuple[Row, ...] = ()
+        self._view: View | None = None
+        self._arranged: list[Row] | None = None
+
+    def load(self, active: list[LockoutEntry]) -> None:
+        pairs = [(e, snap.lockout_template(e)) for e in active]
+        self.entries = {row.key: (e, row) for e, row in pairs}
+        self.rows = sorted((row for _, row in pairs), key=_order)
+        self._arranged = None
+
+    def update(self, table: LockoutTable, keys: Iterable[tuple[str, ...]], now: float) -> None:
+        for provider, connection, model in keys:
+            old = self.entries.pop(snap.lockout_key(provider, connection, model), None)
+            if old is not None:
+                i = bisect.bisect_left(self.rows, _order(old[1]), key=_order)
+                del self.rows[i]
+            entry = table.get(provider, connection, model)
+            if entry is not None and entry.expires_at > now:
+                row = snap.lockout_template(entry)
+                bisect.insort(self.rows, row, key=_order)
+                self.entries[row.key] = (entry, row)
+        self._arranged = None
+
+    def expire(self, now: float) -> None:
+        cut = bisect.bisect_right(self.rows, now, key=_deadline)
+        if cut:
+            for row in self.rows[:cut]:
+                del self.entries[row.key]
+            del self.rows[:cut]
+            self._arranged = None
+
+    def arranged(self, view: View) -> list[Row]:
+        if self._arranged is None or view != self._view:
+            if not view.filter.strip() and view.sort in _DEADLINE_COLUMNS:
+                arranged = self.rows[::-1] if view.reverse else list(self.rows)
+            else:
+                arranged = snap.arrange(self.rows, view)
+            self._arranged, self._view, self.matching = arranged, view, tuple(arranged)
+        return self._arranged
+
+    def longest(self, n: int) -> list[LockoutEntry]:
+        return [self.entries[row.key][0] for row in self.rows[: -n - 1 : -1]]
+
+
+_DEADLINE_COLUMNS = (5, 6)  # Remaining and Expires at: both sort by the deadline
+
+
+def _order(row: Row) -> tuple[SortKey, str]:
+    return (row.sort_keys[_EXPIRES], row.key)
+
+
+def _deadline(row: Row) -> float:
+    return float(row.sort_keys[_EXPIRES])
+
+
+class Feed:
+    """Collects snapshots for `owner` (the app), which receives them as `SnapshotReady` messages.
+
+    The owner sets the attributes that say what to collect (`tab`, `views`, `selected`, `paused`,
+    `held`) and calls `request()` when the operator changed something that must show at once.
+    """
+
+    def __init__(
+        self,
+        owner: MessagePump,
+        runtime: Runtime,
+        *,
+        url: str,
+        read_only: bool = False,
+        live: bool = True,
+        interval: float = TICK_S,
+        limit: int = snap.ROW_LIMIT,
+    ) -> None:
+        self.owner = owner
+        self.runtime = runtime
+        self.engine = runtime.engine
+        self.url = url
+        self.read_only = read_only
+        self.live = live
+        """False (frozen clock): no periodic tick; snapshots are built only on request."""
+        self.interval = interval
+        self.limit = limit
+        self.tab = "overview"
+        self.views: dict[str, View] = dict(snap.DEFAULT_VIEWS)
+        self.selected: dict[str, str | None] = {}
+        self.paused = False
+        self.held: Callable[[], bool] = lambda: False
+        """True while a modal screen is open: nobody sees the tables, so ticks are skipped."""
+        self.history: deque[Entry] = deque(maxlen=HISTORY)
+        self.last: Snapshot | None = None
+        self._pending: deque[Event | _LogLine] = deque()
+        self._log_count = 0
+        self._timer: Timer | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._scheduled = False
+        self._body_key: object = None
+        self._counters: tuple[int, int] = (-1, -1)
+        self._body_second = -1
+        self._second = -1
+        self._moving = False
+        self.lockouts = LockoutIndex()
+        self._lockout_changes: set[tuple[str, ...]] | None = None
+        """Triples touched by lockout events since the last tick; None: reload the whole table."""
+        self._finished: dict[str, tuple[Row, Row]] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for event in self.runtime.bus.after(0):  # what happened before the console opened
+            self._pending.append(event)
+        self._unsubscribe = self.runtime.bus.subscribe(self._pending.append)
+        self.request()
+        if self.live:
+            self._arm()
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self.live = False
+
+    def log(self, logger: str, level: str, message: str) -> None:
+        """Thread-safe: a log record for the Events tab."""
+        self._pending.append((self.runtime.clock.now(), logger, level, message))
+
+    def request(self) -> None:
+        """Build a snapshot as soon as the owner is idle, even when paused (the operator asked)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self.owner.call_later(self._requested)
+
+    def _requested(self) -> None:
+        self._scheduled = False
+        self.collect(force=True)
+
+    def _arm(self) -> None:
+        self._timer = self.owner.set_timer(self.interval, self._tick, name="feed")
+
+    def _tick(self) -> None:
+        self._timer = None
+        try:
+            if not self.paused and not self.held():
+                self.collect()
+        finally:
+            if self.live:
+                self._arm()
+
+    # -- collecting --------------------------------------------------------------------------------
+
+    def collect(self, *, force: bool = False) -> Snapshot | None:
+        """Build and post a snapshot if anything visible can have changed; returns it."""
+        engine = self.engine
+        now = engine.clock.now()
+        self._drain()
+        stats = engine.stats
+        tab = self.tab
+        # State changes (events, the operator's view) show within a tick. What merely counts (the
+        # requests, a countdown, the uptime) moves once a second: the header on one tick and the
+        # body on the next, so the proxy waits behind two small repaints, not one large one.
+        body_key = (
+            self.runtime.bus.last_seq,
+            self._log_count,
+            tab,
+            self.views.get(tab),
+            self.selected.get(tab),
+        )
+        counters = (stats.total, stats.in_flight)
+        second = int(now // 1000)
+        changed = force or body_key != self._body_key
+        header_due = changed or second != self._second
+        body_due = changed or (
+            second != self._body_second
+            and (self._moving or counters != self._counters)
+            and not (header_due and self.live)
+        )
+        if not (header_due or body_due):
+            return None
+        self._second = second
+        lockouts = self._lockouts(now)
+        head = snap.header(
+            engine,
+            now,
+            url=self.url,
+            version=self.runtime.version,
+            live=not self.paused,
+            read_only=self.read_only,
+            lockouts=len(lockouts.rows),
+        )
+        result = Snapshot(header=head, tab=tab)
+        if body_due:
+            self._body_key, self._counters, self._body_second = body_key, counters, second
+            self._moving = bool(head.open_breakers or head.cooling or head.lockouts) and tab != "events"
+            body = self._body(tab, lockouts, now)
+            result = replace(
+                result,
+                moving=self._moving,
+                table=body if isinstance(body, TableSnapshot) else None,
+                overview=body if isinstance(body, Overview) else None,
+            )
+        self.last = result
+        self.owner.post_message(SnapshotReady(result))
+        return result
+
+    def _drain(self) -> None:
+        pending = self._pending
+        history = self.history
+        while pending:
+            item = pending.popleft()
+            if isinstance(item, Event):
+                history.append(snap.event_entry(item))
+                changes = self._lockout_changes
+                if item.layer == "lockout" and changes is not None:
+                    changes.add(tuple(item.key.split(":", 2)))  # ids hold no ':', models may
+            else:
+                self._log_count += 1
+                history.append(snap.log_entry(self._log_count, *item))
+
+    def _lockouts(self, now: float) -> LockoutIndex:
+        index, changes = self.lockouts, self._lockout_changes
+        if changes is None or len(changes) > max(100, len(index.rows) // 4):
+            index.load(self.engine.lockouts.active(now))
+        elif changes:
+            index.update(self.engine.lockouts, changes, now)
+        self._lockout_changes = set()
+        index.expire(now)
+        return index
+
+    def _body(self, tab: str, lockouts: LockoutIndex, now: float) -> TableSnapshot | Overview | None:
+        engine = self.engine
+        if tab == "overview":
+            longest = lockouts.longest(snap.OVERVIEW_ROWS)
+            return snap.overview(engine, self.history, longest, len(lockouts.rows), now)
+        if tab == "settings":
+            return None
+        view = self.views[tab]
+        selected = self.selected.get(tab)
+        table: TableSnapshot
+        if tab == "breakers":
+            provider = engine.providers.get(selected or "")
+            detail = snap.breaker_detail(provider, now) if provider else None
+            rows = [snap.breaker_row(p, now) for p in engine.providers.values()]
+            table = snap.select(tab, rows, view, limit=self.limit, detail=detail)
+        elif tab == "connections":
+            conn = engine.connections.get(selected or "")
+            detail = snap.connection_detail(engine, conn, self.history, now) if conn else None
+            rows = [snap.connection_row(c, now) for c in engine.connections.values()]
+            table = snap.select(tab, rows, view, limit=self.limit, detail=detail)
+        elif tab == "lockouts":
+            table = self._lockout_table(lockouts, view, selected, now)
+        else:
+            table = snap.select(
+                tab,
+                [e.row for e in self.history],
+                view,
+                limit=self.limit,
+                detail=self._event_detail(selected),
+            )
+        return table
+
+    def _lockout_table(
+        self, lockouts: LockoutIndex, view: View, selected: str | None, now: float
+    ) -> TableSnapshot:
+        arranged = lockouts.arranged(view)
+        finished: dict[str, tuple[Row, Row]] = {}
+        previous = self._finished
+
+        def finish(template: Row) -> Row:
+            # Only the rows on screen get their countdown; an unchanged one is handed over as the
+            # same object, so the table skips it without comparing cells.
+            row = snap.with_remaining(template, float(template.sort_keys[_EXPIRES]), now)
+            last = previous.get(template.key)
+            if last is not None and last[0] is template and last[1].cells == row.cells:
+                row = last[1]
+            finished[template.key] = (template, row)
+            return row
+
+        pair = lockouts.entries.get(selected) if selected is not None else None
+        detail = snap.lockout_detail(pair[0], self.history) if pair is not None else None
+        rows = tuple(finish(r) for r in arranged[: self.limit])
+        self._finished = finished
+        return TableSnapshot("lockouts", rows, view, len(lockouts.rows), lockouts.matching, detail)
+
+    def _event_detail(self, selected: str | None) -> Detail | None:
+        if selected is None:
+            return None
+        for entry in reversed(self.history):
+            if entry.row.key == selected:
+                time, layer, key, change, reason = entry.row.cells
+                return Detail(f"{time} · {layer} · {key}", ((change, entry.row.style), (reason, "info")))
+        return None
+
+
+# -- logging --------------------------------------------------------------------------------------
+
+
+class FeedLogHandler(logging.Handler):
+    """Sends log records to the Events tab instead of the terminal the console draws on."""
+
+    def __init__(self, feed: Feed) -> None:
+        super().__init__(logging.INFO)
+        self.feed = feed
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                error = record.exc_info[1]
+                message = f"{message}: {type(error).__name__}: {error}"
+            self.feed.log(record.name, record.levelname, message)
+        except Exception:  # logging must never raise into the code that logged
+            self.handleError(record)
+
+
+_CAPTURED_LOGGERS: Final = ("uvicorn", "uvicorn.error", "uvicorn.access", "omniroute", "py.warnings")
+
+
+@contextmanager
+def captured_logging(handler: logging.Handler) -> Iterator[None]:
+    """While the console runs, every log record goes to `handler` and nothing to the terminal.
+
+    Handlers installed earlier (a StreamHandler holding the real stderr, uvicorn's own config)
+    would write straight over the screen, so they are detached and put back afterwards.
+    """
+    root = logging.getLogger()
+    saved = [(root, root.handlers[:], root.propagate)]
+    for name in _CAPTURED_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate))
+        logger.handlers = []
+        logger.propagate = True
+    root.handlers = [handler]
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        for logger, handlers, propagate in saved:
+            logger.handlers = handlers
+            logger.propagate = propagate

@@ -1,0 +1,95 @@
+"""The proxy server (and the demo's client traffic) as tasks in the console's event loop.
+
+One process, one loop: the console reads the engine the server mutates without locks, because
+nothing else runs while either of them runs. Stopping is ordered: the demo traffic first (it
+would only produce errors), then uvicorn with its short grace period for in-flight requests,
+whose lifespan stops the runtime (last persist, database closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from proxy import serve
+from proxy.demo import DemoTraffic
+from proxy.runtime import Runtime
+
+START_TIMEOUT_S = 10.0
+
+
+class ServerStopped(Exception):
+    """The embedded server ended on its own (failed to start, or a signal stopped it)."""
+
+
+class ProxyHost:
+    """Owns the embedded uvicorn server task and, with `--demo`, the demo traffic."""
+
+    def __init__(self, runtime: Runtime, sock: socket.socket, *, demo: bool = False) -> None:
+        self.runtime = runtime
+        self.sock = sock
+        self.demo = demo
+        host, port = sock.getsockname()[:2]
+        self.base_url = f"http://{_url_host(host)}:{port}"
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._traffic: DemoTraffic | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Serve, and return once the lifespan has started the runtime (ServerStopped if it could not)."""
+        server = serve.make_server(self.runtime, self.sock)
+        # uvicorn would take over SIGINT/SIGTERM and re-raise them after shutdown, killing the
+        # process with the terminal still in raw mode: the console owns the signals.
+        server.capture_signals = _no_signal_capture  # type: ignore[method-assign]
+        self.server = server
+        self.task = asyncio.create_task(_serve(server, self.sock), name="omniroute-server")
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while not server.started:
+                if self.task.done():
+                    await self.task
+                    raise ServerStopped("the proxy server stopped while starting")
+                await asyncio.sleep(0.01)
+        if self.demo:
+            traffic = DemoTraffic(self.base_url)
+            traffic.start()
+            self._traffic = traffic
+
+    async def stop(self) -> None:
+        """Idempotent. In-flight requests get uvicorn's graceful-shutdown period, then are cut."""
+        if self._stopping:
+            if self.task is not None:
+                await asyncio.gather(self.task, return_exceptions=True)
+            return
+        self._stopping = True
+        traffic, self._traffic = self._traffic, None
+        if traffic is not None:
+            await traffic.stop()
+        if self.server is not None:
+            self.server.should_exit = True
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+        else:
+            self.sock.close()
+
+
+async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+    try:
+        await server.serve(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits the process when the lifespan fails to start
+        raise ServerStopped(f"the proxy server could not start (exit {exc.code})") from None
+    finally:
+        sock.close()
+
+
+@contextlib.contextmanager
+def _no_signal_capture() -> Iterator[None]:
+    yield
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,550 @@
+"""Immutable view models of the engine, and the pure functions that build them.
+
+A `Snapshot` is everything one redraw needs, already formatted: rows of strings with their sort
+keys and a style class, so widgets only copy text into cells and never read the engine. Rows are
+frozen, so the tables can diff the previous snapshot against the next one by identity first and
+by value second, and touch only the cells that changed.
+
+The builders here are pure (engine state + `now` in, view models out); `feed.py` decides when to
+call them and caches what does not change between ticks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from omniroute_tui import format as fmt
+from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
+from proxy.resilience.events import Event
+from proxy.resilience.lockout import LockoutEntry
+
+SortKey = float | str
+
+ROW_LIMIT: Final = 250
+"""Rows a table holds at most: a terminal shows a few dozen, and each shown row costs a countdown
+format and a diff every tick. The filter (`/`) reaches every row; `R` acts on every row the
+filter keeps, shown or not (the caption says when rows are left out)."""
+
+OVERVIEW_ROWS: Final = 5
+OVERVIEW_EVENTS: Final = 40
+"""As many as the Recent events box can show on a tall terminal; the box clips the rest."""
+DETAIL_EVENTS: Final = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str
+    label: str
+    width: int | None = None
+    """At least this many cells wide, never wider: for cells that change every second (countdowns),
+    so columns never jitter. None: as wide as the widest value seen."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    key: str
+    cells: tuple[str, ...]
+    sort_keys: tuple[SortKey, ...]
+    style: str
+    """A style class from `format` (ok, warn, bad, probe, off, info)."""
+    target: tuple[str, ...] = ()
+    """What an action on this row acts on: (provider,), (connection id,), (provider, connection, model)."""
+    search: str = ""
+    """Lower-cased text the `/` filter matches."""
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """How the operator looks at one table: filter text, sort column, direction."""
+
+    filter: str = ""
+    sort: int = 0
+    reverse: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Detail:
+    title: str
+    lines: tuple[tuple[str, str], ...]
+    """(text, style class) per line, newest history first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableSnapshot:
+    name: str
+    rows: tuple[Row, ...]
+    """Filtered, sorted, at most ROW_LIMIT."""
+    view: View
+    total: int
+    """Rows before the filter."""
+    matching: tuple[Row, ...]
+    """Every row the filter keeps, in order, shown or not: what `R` acts on."""
+    detail: Detail | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    provider: str
+    state: str
+    text: str
+    style: str
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    tiles: tuple[Tile, ...]
+    cooling: tuple[Row, ...]
+    lockouts: tuple[Row, ...]
+    events: tuple[Row, ...]
+    lockout_total: int = 0
+    cooling_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    url: str
+    version: str
+    uptime: str
+    rates: tuple[int, ...]
+    rate_now: str
+    requests: str
+    open_breakers: int
+    cooling: int
+    lockouts: int
+    live: bool
+    read_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One redraw. `table` / `overview` are None when that part did not change since the last one."""
+
+    header: Header
+    tab: str
+    table: TableSnapshot | None = None
+    overview: Overview | None = None
+    moving: bool = False
+    """Something on screen counts down, so the next tick must rebuild even without events."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of the event history: a bus event or a log record, formatted once."""
+
+    row: Row
+    layer: str
+    key: str
+    """The bus key (`provider:connection:model` for a lockout), to find a row's history."""
+
+
+# -- columns (surface.md §5) ----------------------------------------------------------------------
+
+COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
+    "breakers": (
+        Column("provider", "Provider"),
+        Column("class", "Class"),
+        Column("state", "State", 9),
+        Column("failures", "Failures"),
+        Column("thresholds", "Degraded/opens at"),
+        Column("retry", "Retry in", 8),
+        Column("cycles", "Open cycles"),
+        Column("last_failure", "Last failure"),
+    ),
+    "connections": (
+        Column("provider", "Provider"),
+        Column("connection", "Connection"),
+        Column("status", "Status"),
+        Column("cooldown", "Cooldown", 8),
+        Column("backoff", "Backoff"),
+        Column("error", "Last error"),
+        Column("code", "Code"),
+        Column("in_flight", "In-flight/max"),
+    ),
+    "lockouts": (
+        Column("provider", "Provider"),
+        Column("connection", "Connection"),
+        Column("model", "Model"),
+        Column("reason", "Reason"),
+        Column("failures", "Failures"),
+        Column("remaining", "Remaining", 9),
+        Column("expires", "Expires at"),
+    ),
+    "events": (
+        Column("time", "Time"),
+        Column("layer", "Layer"),
+        Column("key", "Key"),
+        Column("change", "From → to"),
+        Column("reason", "Reason"),
+    ),
+}
+
+DEFAULT_VIEWS: Final[dict[str, View]] = {
+    "breakers": View(sort=2),  # worst state first
+    "connections": View(sort=2),
+    "lockouts": View(sort=5, reverse=True),  # longest remaining first
+    "events": View(sort=0, reverse=True),  # newest first
+}
+
+_BREAKER_RANK = {"OPEN": 0, "HALF_OPEN": 1, "DEGRADED": 2, "CLOSED": 3}
+_CONNECTION_RANK = {
+    "banned": 0,
+    "expired": 0,
+    "credits_exhausted": 0,
+    "cooling": 1,
+    "disabled": 2,
+    "active": 3,
+}
+
+
+def _search(*parts: str) -> str:
+    return " ".join(parts).lower()
+
+
+# -- breakers -------------------------------------------------------------------------------------
+
+
+def breaker_row(provider: ProviderRuntime, now: float) -> Row:
+    b = provider.breaker
+    state = b.state(now).value
+    retry = b.retry_after_ms(now)
+    policy = b.policy
+    pid = provider.spec.id
+    cls = provider.spec.provider_class
+    last = b.last_failure_at
+    return Row(
+        key=pid,
+        cells=(
+            pid,
+            cls,
+            state,
+            str(b.failure_count),
+            f"{policy.degradation_threshold} / {policy.failure_threshold}",
+            fmt.countdown(retry),
+            str(b.open_cycle_count),
+            fmt.clock_time(last),
+        ),
+        sort_keys=(
+            pid,
+            cls,
+            float(_BREAKER_RANK[state]),
+            float(b.failure_count),
+            float(policy.failure_threshold),
+            retry,
+            float(b.open_cycle_count),
+            last or 0.0,
+        ),
+        style=fmt.BREAKER_STYLES[state],
+        target=(pid,),
+        search=_search(pid, cls, state),
+    )
+
+
+def breaker_detail(provider: ProviderRuntime, now: float) -> Detail:
+    b = provider.breaker
+    state = b.state(now).value
+    p = b.policy
+    lines: list[tuple[str, str]] = [
+        (
+            f"failures {b.failure_count} · degraded at {p.degradation_threshold} · opens at "
+            f"{p.failure_threshold} · reset timeout {fmt.duration(b.effective_reset_timeout_ms())} · "
+            f"open cycles {b.open_cycle_count}",
+            fmt.INFO,
+        ),
+    ]
+    history = list(b.history)[::-1]
+    if not history:
+        lines.append(("no transitions yet", fmt.OFF))
+    for t in history:
+        lines.append(
+            (
+                f"{fmt.clock_time(t.ts)}  {t.from_state.value} → {t.to_state.value}  {t.reason}",
+                fmt.BREAKER_STYLES[t.to_state.value],
+            )
+        )
+    # Instants, not countdowns: the row above counts down, and a detail that changed every
+    # second would be repainted every second for nothing.
+    retry = b.retry_after_ms(now)
+    suffix = f" · probe at {fmt.clock_time(now + retry)}" if retry > 0 else ""
+    return Detail(f"{provider.spec.id} · {state}{suffix}", tuple(lines))
+
+
+# -- connections ----------------------------------------------------------------------------------
+
+
+def connection_row(conn: ConnectionRuntime, now: float) -> Row:
+    h = conn.health
+    spec = conn.spec
+    status = h.status(now)
+    left = h.remaining_ms(now)
+    limit = spec.max_concurrent
+    return Row(
+        key=spec.id,
+        cells=(
+            spec.provider,
+            spec.id,
+            status,
+            fmt.countdown(left),
+            str(h.backoff_level),
+            fmt.clip(h.last_error, 32),
+            str(h.error_code) if h.error_code is not None else fmt.NONE,
+            f"{conn.in_flight} / {limit if limit else '∞'}",
+        ),
+        sort_keys=(
+            spec.provider,
+            spec.id,
+            float(_CONNECTION_RANK[status]),
+            left,
+            float(h.backoff_level),
+            h.last_error or "",
+            float(h.error_code or 0),
+            float(conn.in_flight),
+        ),
+        style=fmt.CONNECTION_STYLES[status],
+        target=(spec.id,),
+        search=_search(spec.provider, spec.id, spec.name, status, h.last_error or ""),
+    )
+
+
+def connection_detail(
+    engine: Engine, conn: ConnectionRuntime, history: Iterable[Entry], now: float
+) -> Detail:
+    h = conn.health
+    spec = conn.spec
+    status = h.status(now)
+    lines: list[tuple[str, str]] = []
+    if h.last_error:
+        lines.append((f"last error: {fmt.clip(h.last_error, 200)}", fmt.CONNECTION_STYLES[status]))
+        code = f" · code {h.error_code}" if h.error_code is not None else ""
+        lines.append(
+            (
+                f"error type {h.last_error_type or fmt.NONE}{code} · at {fmt.clock_time(h.last_error_at)}",
+                fmt.INFO,
+            )
+        )
+    left = h.remaining_ms(now)
+    until = f"cooling until {fmt.clock_time(h.rate_limited_until)}" if left > 0 else "not cooling"
+    lines.append(
+        (
+            f"{until} · backoff level {h.backoff_level} · "
+            f"priority {spec.priority} · key {spec.masked_key or fmt.NONE}",
+            fmt.INFO,
+        )
+    )
+    for entry in engine.lockouts.for_connection(spec.provider, spec.id, now)[:3]:
+        lines.append(
+            (
+                f"locked model {entry.model} ({entry.reason}) until {fmt.clock_time(entry.expires_at)}",
+                fmt.WARN,
+            )
+        )
+    lines.extend(_history_lines(history, "connection", spec.id))
+    enabled = "" if h.enabled else " · disabled"
+    return Detail(f"{spec.id} ({spec.provider}) · {status}{enabled}", tuple(lines))
+
+
+# -- lockouts -------------------------------------------------------------------------------------
+
+_LOCKOUT_REMAINING = 5
+
+
+def lockout_key(provider: str, connection: str, model: str) -> str:
+    return f"{provider}\x1f{connection}\x1f{model}"
+
+
+def lockout_template(entry: LockoutEntry) -> Row:
+    """Everything but the countdown, which `with_remaining` fills in for the rows on screen."""
+    reason = entry.reason if entry.status is None else f"{entry.reason} ({entry.status})"
+    return Row(
+        key=lockout_key(entry.provider, entry.connection_id, entry.model),
+        cells=(
+            entry.provider,
+            entry.connection_id,
+            entry.model,
+            reason,
+            str(entry.failure_count),
+            "",
+            fmt.clock_time(entry.expires_at),
+        ),
+        sort_keys=(
+            entry.provider,
+            entry.connection_id,
+            entry.model,
+            reason,
+            float(entry.failure_count),
+            entry.expires_at,  # remaining time orders like the deadline, and the deadline is static
+            entry.expires_at,
+        ),
+        style=fmt.WARN,
+        target=(entry.provider, entry.connection_id, entry.model),
+        search=_search(entry.provider, entry.connection_id, entry.model, reason),
+    )
+
+
+def with_remaining(template: Row, expires_at: float, now: float) -> Row:
+    c = template.cells
+    cells = (*c[:_LOCKOUT_REMAINING], fmt.countdown(expires_at - now), *c[_LOCKOUT_REMAINING + 1 :])
+    return Row(template.key, cells, template.sort_keys, template.style, template.target, template.search)
+
+
+def lockout_detail(entry: LockoutEntry, history: Iterable[Entry]) -> Detail:
+    status = f" ({entry.status})" if entry.status is not None else ""
+    lines: list[tuple[str, str]] = [
+        (
+            f"reason {entry.reason}{status} · failures in a row {entry.failure_count} · "
+            f"last lock {fmt.duration(entry.last_cooldown_ms)}",
+            fmt.WARN,
+        ),
+        (
+            f"locked at {fmt.clock_time(entry.locked_at)} · expires at {fmt.clock_time(entry.expires_at)}",
+            fmt.INFO,
+        ),
+    ]
+    lines.extend(_history_lines(history, "lockout", f"{entry.provider}:{entry.connection_id}:{entry.model}"))
+    return Detail(f"{entry.provider}/{entry.model} on {entry.connection_id}", tuple(lines))
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+
+def event_entry(event: Event) -> Entry:
+    if event.layer == "operator":
+        # The engine names operator actions by their CLI command; the reason is the source.
+        key, change, style = f"omniroute {event.key}", fmt.NONE, fmt.INFO
+    else:
+        key = event.key.replace("\x1f", ":")
+        change = f"{event.from_} → {event.to}"
+        style = fmt.EVENT_STYLES.get(event.to, fmt.INFO)
+    row = Row(
+        key=f"e{event.seq:010d}",
+        cells=(fmt.clock_time(event.ts), event.layer, key, change, event.reason),
+        sort_keys=(event.ts, event.layer, key, change, event.reason),
+        style=style,
+        search=_search(event.layer, key, change, event.reason),
+    )
+    return Entry(row, event.layer, event.key)
+
+
+def log_entry(n: int, ts: float, logger: str, level: str, message: str) -> Entry:
+    style = fmt.BAD if level in ("ERROR", "CRITICAL") else fmt.WARN if level == "WARNING" else fmt.INFO
+    text = fmt.clip(message, 300)
+    row = Row(
+        key=f"l{n:010d}",
+        cells=(fmt.clock_time(ts), "log", logger, level, text),
+        sort_keys=(ts, "log", logger, level, text),
+        style=style,
+        search=_search("log", logger, level, text),
+    )
+    return Entry(row, "log", logger)
+
+
+def _history_lines(history: Iterable[Entry], layer: str, key: str) -> list[tuple[str, str]]:
+    matching = [e for e in history if e.layer == layer and e.key == key]
+    lines = [(f"{e.row.cells[0]}  {e.row.cells[3]}  {e.row.cells[4]}", e.row.style) for e in matching[::-1]]
+    return lines[:DETAIL_EVENTS] or [("no events in the recent history", fmt.OFF)]
+
+
+# -- selection: filter, sort, cap -----------------------------------------------------------------
+
+
+def arrange(rows: Iterable[Row], view: View) -> list[Row]:
+    """Every row the view's filter keeps, in the view's order: (column key, row key), so the order
+    is total. The table sorts its own rows by the same key and must land on exactly this order."""
+    needle = view.filter.strip().lower()
+    kept = [r for r in rows if needle in r.search] if needle else list(rows)
+    column = view.sort
+    kept.sort(key=lambda row: (row.sort_keys[column], row.key), reverse=view.reverse)
+    return kept
+
+
+def select(
+    name: str, rows: Sequence[Row], view: View, *, limit: int = ROW_LIMIT, detail: Detail | None = None
+) -> TableSnapshot:
+    """The view applied to all rows, the first `limit` of them shown (small tables, rebuilt each tick)."""
+    arranged = arrange(rows, view)
+    return TableSnapshot(name, tuple(arranged[:limit]), view, len(rows), tuple(arranged), detail)
+
+
+# -- overview and header --------------------------------------------------------------------------
+
+
+def tile(provider: ProviderRuntime, now: float) -> Tile:
+    b = provider.breaker
+    state = b.state(now).value
+    if state == "OPEN":
+        text = fmt.duration(b.retry_after_ms(now))
+    elif state == "HALF_OPEN":
+        text = "probe"
+    else:
+        text = f"{b.failure_count}/{b.policy.failure_threshold}"
+    return Tile(provider.spec.id, state, text, fmt.BREAKER_STYLES[state])
+
+
+def overview(
+    engine: Engine, history: Iterable[Entry], longest: Sequence[LockoutEntry], lockout_total: int, now: float
+) -> Overview:
+    """`longest`: the running lockouts with the most time left, longest first."""
+    tiles = tuple(tile(p, now) for p in engine.providers.values())
+    unwell = [c for c in engine.connections.values() if c.health.status(now) != "active"]
+    worst = heapq.nsmallest(
+        OVERVIEW_ROWS,
+        unwell,
+        key=lambda c: (_CONNECTION_RANK[c.health.status(now)], -c.health.remaining_ms(now), c.spec.id),
+    )
+    cooling = tuple(
+        Row(
+            key=c.spec.id,
+            cells=(
+                c.spec.id,
+                c.health.status(now),
+                fmt.countdown(c.health.remaining_ms(now)),
+                fmt.clip(c.health.last_error, 60),
+            ),
+            sort_keys=(),
+            style=fmt.CONNECTION_STYLES[c.health.status(now)],
+        )
+        for c in worst
+    )
+    lockouts = tuple(
+        Row(
+            key=e.key,
+            cells=(f"{e.provider}/{e.model}", fmt.countdown(e.remaining_ms(now)), e.connection_id, e.reason),
+            sort_keys=(),
+            style=fmt.WARN,
+        )
+        for e in longest[:OVERVIEW_ROWS]
+    )
+    events = tuple(e.row for e in list(history)[-OVERVIEW_EVENTS:][::-1])
+    return Overview(tiles, cooling, lockouts, events, lockout_total=lockout_total, cooling_total=len(unwell))
+
+
+def header(
+    engine: Engine,
+    now: float,
+    *,
+    url: str,
+    version: str,
+    live: bool,
+    read_only: bool,
+    lockouts: int,
+) -> Header:
+    open_breakers = sum(1 for p in engine.providers.values() if p.breaker.state(now).value == "OPEN")
+    cooling = sum(1 for c in engine.connections.values() if c.health.status(now) == "cooling")
+    rates = engine.stats.rate_series(now, 30)
+    # The current second is still filling up: the last complete one is the honest rate.
+    stats = engine.stats
+    return Header(
+        url=url,
+        version=version,
+        uptime=fmt.duration(now - engine.started_at),
+        rates=tuple(rates[:-1]),
+        rate_now=fmt.rate(rates[-2] if len(rates) > 1 else 0),
+        requests=f"{fmt.count(stats.total)} req · {fmt.count(stats.failed)} failed",
+        open_breakers=open_breakers,
+        cooling=cooling,
+        lockouts=lockouts,
+        live=live,
+        read_only=read_only,
+    )

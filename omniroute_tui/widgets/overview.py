@@ -1,0 +1,98 @@
+"""The Overview tab: the three layers at a glance.
+
+Breaker tiles (coloured by state, the state written out), the worst connections, the longest
+lockouts and the latest events. Each section re-renders only when its part of the snapshot changed.
+"""
+
+from __future__ import annotations
+
+from rich.columns import Columns
+from rich.console import RenderableType
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from omniroute_tui import format as fmt
+from omniroute_tui.snapshot import Overview, Row, Tile
+
+
+class OverviewPane(Vertical):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._shown: Overview | None = None
+        self.tiles = Static("", id="tiles")
+        self.cooling = Static("", id="overview-cooling", classes="overview-box")
+        self.lockouts = Static("", id="overview-lockouts", classes="overview-box")
+        self.events = Static("", id="overview-events", classes="overview-box")
+        self.cooling.border_title = "Connections needing attention"
+        self.lockouts.border_title = "Longest lockouts"
+        self.events.border_title = "Recent events"
+
+    def compose(self) -> ComposeResult:
+        yield self.tiles
+        with Horizontal(id="overview-lists"):
+            yield self.cooling
+            yield self.lockouts
+        yield self.events
+
+    def apply(self, overview: Overview) -> None:
+        old, self._shown = self._shown, overview
+        # A box is laid out again only when its number of lines changed; a countdown ticking in
+        # place is a repaint.
+        if old is None or old.tiles != overview.tiles:
+            relayout = old is None or [t.provider for t in old.tiles] != [t.provider for t in overview.tiles]
+            self.tiles.update(tiles(overview.tiles), layout=relayout)
+        if old is None or old.cooling != overview.cooling:
+            relayout = old is None or len(old.cooling) != len(overview.cooling)
+            self.cooling.update(
+                rows(overview.cooling, "every connection is active", (16, 8, 7, 60)), layout=relayout
+            )
+        if old is None or old.cooling_total != overview.cooling_total:
+            self.cooling.border_subtitle = f"{overview.cooling_total:,} not active"
+        if old is None or old.lockouts != overview.lockouts:
+            relayout = old is None or len(old.lockouts) != len(overview.lockouts)
+            self.lockouts.update(
+                rows(overview.lockouts, "no model is locked out", (30, 7, 16, 16)), layout=relayout
+            )
+        if old is None or old.lockout_total != overview.lockout_total:
+            self.lockouts.border_subtitle = f"{overview.lockout_total:,} active"
+        if old is None or old.events != overview.events:
+            self.events.update(
+                rows(overview.events, "nothing has happened yet", (8, 10, 26, 18, 60)), layout=False
+            )
+
+
+def tiles(items: tuple[Tile, ...]) -> RenderableType:
+    """Two-line blocks: the provider, then its state written out (and how long, or how close)."""
+    if not items:
+        return Text("No providers configured.", style="dim")
+    blocks = []
+    for t in items:
+        status = f"{t.state} {t.text}"
+        width = max(len(t.provider), len(status)) + 2
+        style = fmt.TILE_COLOURS[t.style]
+        blocks.append(
+            Text.assemble(
+                (f" {t.provider:<{width - 1}}\n", f"{style} bold"), (f" {status:<{width - 1}}", style)
+            )
+        )
+    return Columns(blocks, padding=(0, 1))
+
+
+def rows(items: tuple[Row, ...], empty: str, caps: tuple[int, ...]) -> RenderableType:
+    """Aligned lines, each column as wide as its widest value up to its cap; a line longer than
+    the box ends in "…". (Plain text, not a Rich table: this repaints every second.)"""
+    if not items:
+        return Text(empty, style="dim")
+    widths = [min(cap, max(len(row.cells[i]) for row in items)) for i, cap in enumerate(caps)]
+    text = Text(no_wrap=True, overflow="ellipsis", end="")
+    for n, row in enumerate(items):
+        cells = (
+            fmt.clip(cell, width).ljust(width) if cell else fmt.NONE.ljust(width)
+            for cell, width in zip(row.cells, widths, strict=True)
+        )
+        text.append(
+            " ".join(cells).rstrip() + ("\n" if n < len(items) - 1 else ""), style=fmt.ROW_COLOURS[row.style]
+        )
+    return text

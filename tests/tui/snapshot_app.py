@@ -1,0 +1,151 @@
+"""A console with fixed state for snapshots and Pilot tests (posting's `posting_snapshot_app.py`).
+
+Everything is deterministic: the config comes from a string, the engine runs on a `FakeClock`
+(10 minutes after 2026-01-01T00:00:00Z when the app opens), every layer is put into a known
+state by calling the engine directly, there is no server and no demo traffic, and the app runs
+with `clock_frozen=True`, so nothing redraws unless a test asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from omniroute_tui.app import OmniRouteApp, make_app
+from proxy.config import load_config
+from proxy.resilience.clock import FakeClock
+from proxy.resilience.lockout import LockoutSettings
+from proxy.runtime import Runtime
+from proxy.store import MemoryStore
+
+CONFIG = """
+[server]
+port = 20128
+
+[providers.openai]
+class = "apikey"
+base_url = "http://127.0.0.1:9/v1"
+
+[[providers.openai.connections]]
+id = "openai-main"
+api_key = "sk-test-openai-main-0001"
+priority = 1
+
+[[providers.openai.connections]]
+id = "openai-backup"
+api_key = "sk-test-openai-backup-0002"
+priority = 2
+max_concurrent = 4
+
+[providers.anthropic]
+class = "oauth"
+base_url = "http://127.0.0.1:9/v1"
+
+[[providers.anthropic.connections]]
+id = "anthropic-1"
+
+[providers.ollama]
+class = "local"
+base_url = "http://127.0.0.1:9/v1"
+
+[[providers.ollama.connections]]
+id = "ollama-1"
+
+[providers.groq]
+class = "apikey"
+base_url = "http://127.0.0.1:9/v1"
+
+[[providers.groq.connections]]
+id = "groq-1"
+api_key = "sk-test-groq-dead-0003"
+"""
+
+MINUTE = 60_000.0
+SECOND = 1000.0
+
+
+def load_fixed_config(text: str = CONFIG):  # type: ignore[no-untyped-def]
+    """The config from a string (via a private temp file: the loader reads files, and warns about
+    readable ones holding keys)."""
+    fd, name = tempfile.mkstemp(suffix=".toml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return load_config(Path(name), {}, explicit=True)
+    finally:
+        os.unlink(name)
+
+
+def build_runtime() -> Runtime:
+    """A runtime whose three layers are in a known, mixed state at 00:10:00."""
+    clock = FakeClock()
+    runtime = Runtime(load_fixed_config(), MemoryStore(), clock=clock, env={})
+    engine = runtime.engine
+    start = clock.now()
+    providers = engine.providers
+    connections = engine.connections
+    lockout = LockoutSettings(enabled=True)
+
+    def at(minutes: float) -> float:
+        clock.set(start + minutes * MINUTE)
+        return clock.now()
+
+    now = at(2)
+    connections["groq-1"].health.mark_terminal(
+        now, "expired", error="401 expired: Incorrect API key provided", code=401
+    )
+    now = at(3)
+    engine.set_connection_enabled("openai-backup", False, source="api")
+    now = at(5)
+    for _ in range(8):
+        providers["anthropic"].breaker.record_failure(now)
+    now = at(6.5)
+    providers["anthropic"].breaker.state(now)  # the reset timeout elapsed: HALF_OPEN
+    now = at(9)
+    for _ in range(8):
+        providers["openai"].breaker.record_failure(now)
+    now = at(9.5)
+    for provider, conn, model, status, reason, hint in (
+        ("ollama", "ollama-1", "llama3:70b", 404, "not_found", 20 * MINUTE),
+        ("openai", "openai-main", "gpt-4o", 429, "rate_limited", 5 * MINUTE),
+        ("anthropic", "anthropic-1", "claude-3-opus", 403, "forbidden", 12 * MINUTE),
+        ("openai", "openai-backup", "gpt-4o-mini", 503, "server_error", 2 * MINUTE + 45 * SECOND),
+    ):
+        engine.lockouts.record_failure(
+            provider, conn, model, now, lockout, status=status, reason=reason, hint_ms=hint
+        )
+    local = engine.settings.cooldown_policy("local")
+
+    def refused(minute: float) -> None:
+        connections["ollama-1"].health.record_failure(
+            at(minute), local, error="connection refused", error_type="network_error", code=None
+        )
+
+    refused(9.6)
+    refused(9.7)
+    now = at(9 + 50 / 60)
+    for _ in range(2):
+        providers["ollama"].breaker.record_failure(now)
+    now = at(9 + 55 / 60)
+    connections["openai-main"].health.record_failure(
+        now,
+        engine.settings.cooldown_policy("apikey"),
+        error="429 rate_limited: Rate limit reached for gpt-4o",
+        error_type="rate_limited",
+        code=429,
+        hint_ms=30 * SECOND,
+    )
+    refused(9.95)
+    now = at(9 + 59 / 60)
+    engine.reset_breakers("groq", source="cli")
+    now = at(10)
+    stats = engine.stats
+    stats.total, stats.ok, stats.failed = 1234, 1187, 47
+    second = int(now // 1000)
+    stats.per_second = {second - 30 + i: (i * 7) % 11 + (i // 5) for i in range(31)}
+    return runtime
+
+
+def snapshot_app(*, read_only: bool = False) -> OmniRouteApp:
+    return make_app(build_runtime(), read_only=read_only, clock_frozen=True)

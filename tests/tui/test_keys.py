@@ -1,0 +1,335 @@
+"""Every key binding of the console, driven with Pilot on the fixed-state app.
+
+Assertions are on the engine (did the action happen?), on the events the engine emitted (is it
+logged with its CLI command?) and on what the widgets hold, never on timing.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from textual.command import CommandPalette
+from textual.pilot import Pilot
+from textual.widgets import Static
+
+from omniroute_tui.app import OmniRouteApp
+from omniroute_tui.screens.confirm import ConfirmScreen
+from omniroute_tui.screens.filter import FilterScreen
+from omniroute_tui.screens.help import HelpScreen, commands, key_catalogue
+from tests.tui.conftest import settle
+from tests.tui.snapshot_app import snapshot_app
+
+SIZE = (120, 40)
+
+
+def operator_events(app: OmniRouteApp) -> list[tuple[str, str]]:
+    return [(e.key, e.reason) for e in app.runtime.bus.after(0) if e.layer == "operator"]
+
+
+def event_keys(app: OmniRouteApp) -> list[str]:
+    """The Key column of the Events tab, as shown."""
+    return [row.cells[2] for row in app.table("events").snapshot.rows]  # type: ignore[union-attr]
+
+
+def shown_keys(app: OmniRouteApp, tab: str) -> list[str]:
+    return app.table(tab).row_keys
+
+
+async def open_tab(pilot: Pilot[object], key: str) -> None:
+    await pilot.press(key)
+    await settle(pilot)
+
+
+@pytest.mark.parametrize(
+    ("key", "tab"),
+    [
+        ("1", "overview"),
+        ("2", "breakers"),
+        ("3", "connections"),
+        ("4", "lockouts"),
+        ("5", "settings"),
+        ("6", "events"),
+    ],
+)
+async def test_digits_switch_tabs(key: str, tab: str) -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6" if key == "1" else "1")
+        await settle(pilot)
+        await open_tab(pilot, key)
+        assert app.active_tab == tab
+        assert app.feed.tab == tab
+        if tab in ("breakers", "connections", "lockouts", "events"):
+            assert app.focused is app.table(tab)
+            assert app.table(tab).rows
+
+
+async def test_r_resets_the_selected_breaker() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "2")
+        assert shown_keys(app, "breakers")[0] == "ollama"  # OPEN sorts first
+        assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "OPEN"
+        await pilot.press("r")
+        await settle(pilot)
+        assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "CLOSED"
+        assert engine.providers["anthropic"].breaker.state(engine.clock.now()).value == "HALF_OPEN"
+        assert operator_events(app)[-1] == ("reset breaker ollama", "tui")
+        await open_tab(pilot, "6")
+        assert "omniroute reset breaker ollama" in event_keys(app)
+
+
+async def test_r_clears_the_selected_connection() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")
+        assert shown_keys(app, "connections")[0] == "groq-1"
+        await pilot.press("r")
+        await settle(pilot)
+        assert engine.connections["groq-1"].health.status(engine.clock.now()) == "active"
+        assert operator_events(app)[-1] == ("reset connection groq-1", "tui")
+        row = app.table("connections").snapshot.rows  # type: ignore[union-attr]
+        assert {r.key: r.cells[2] for r in row}["groq-1"] == "active"
+
+
+async def test_e_disables_then_enables_a_connection() -> None:
+    app = snapshot_app()
+    health = app.runtime.engine.connections["groq-1"].health
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")
+        await pilot.press("e")
+        await settle(pilot)
+        assert health.enabled is False
+        await pilot.press("e")
+        await settle(pilot)
+        assert health.enabled is True
+        assert [k for k, _ in operator_events(app)][-2:] == ["disable groq-1", "enable groq-1"]
+
+
+async def test_r_reenables_the_selected_lockout() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "4")
+        assert shown_keys(app, "lockouts")[0] == "ollama\x1follama-1\x1fllama3:70b"  # longest first
+        await pilot.press("r")
+        await settle(pilot)
+        assert engine.lockouts.get("ollama", "ollama-1", "llama3:70b") is None
+        assert len(engine.lockouts.active(engine.clock.now())) == 3
+        assert operator_events(app)[-1] == ("reenable ollama/llama3:70b --connection ollama-1", "tui")
+        assert "ollama\x1follama-1\x1fllama3:70b" not in shown_keys(app, "lockouts")
+
+
+async def test_R_asks_and_yes_resets_every_breaker() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "2")
+        await pilot.press("R")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "Reset 4 breakers" in app.screen.question
+        await pilot.press("y")
+        await settle(pilot)
+        now = engine.clock.now()
+        assert {p.breaker.state(now).value for p in engine.providers.values()} == {"CLOSED"}
+        assert operator_events(app)[-1] == ("reset breaker --all", "tui")
+
+
+async def test_R_answered_no_changes_nothing() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "4")
+        before = len(operator_events(app))
+        await pilot.press("R")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await settle(pilot)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert len(engine.lockouts.active(engine.clock.now())) == 4
+        assert len(operator_events(app)) == before
+
+
+async def test_slash_filters_and_R_acts_only_on_the_rows_shown() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")
+        await pilot.press("slash")
+        await pilot.pause()
+        assert isinstance(app.screen, FilterScreen)
+        await pilot.press(*"ollama", "enter")
+        await settle(pilot)
+        assert app.feed.views["connections"].filter == "ollama"
+        assert shown_keys(app, "connections") == ["ollama-1"]
+        await pilot.press("R")
+        await pilot.pause()
+        assert "Clear 1 connection (every row the filter shows)" in app.screen.question  # type: ignore[attr-defined]
+        await pilot.press("y")
+        await settle(pilot)
+        now = engine.clock.now()
+        assert engine.connections["ollama-1"].health.status(now) == "active"
+        assert engine.connections["groq-1"].health.status(now) == "expired"  # filtered out: untouched
+        assert operator_events(app)[-1] == ("reset connection ollama-1", "tui")
+        await pilot.press("slash", "ctrl+u", "enter")  # an empty filter shows every row again
+        await settle(pilot)
+        assert len(shown_keys(app, "connections")) == 5
+
+
+async def test_escape_cancels_the_filter() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "2")
+        await pilot.press("slash", "x", "escape")
+        await settle(pilot)
+        assert app.feed.views["breakers"].filter == ""
+        assert len(shown_keys(app, "breakers")) == 4
+
+
+async def test_s_cycles_the_sort_column_and_S_reverses() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "2")
+        assert shown_keys(app, "breakers") == ["ollama", "anthropic", "openai", "groq"]  # by state
+        await pilot.press("s")
+        await settle(pilot)
+        assert app.feed.views["breakers"].sort == 3  # failures
+        assert shown_keys(app, "breakers") == ["groq", "ollama", "anthropic", "openai"]
+        await pilot.press("S")
+        await settle(pilot)
+        assert app.feed.views["breakers"].reverse is True
+        assert shown_keys(app, "breakers") == ["openai", "anthropic", "ollama", "groq"]
+        for _ in range(6):  # all the way round
+            await pilot.press("s")
+        await settle(pilot)
+        assert app.feed.views["breakers"].sort == 1
+        assert app.feed.views["breakers"].reverse is False
+
+
+async def test_cursor_follows_its_row_when_the_order_changes() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "2")
+        await pilot.press("down")  # anthropic
+        await settle(pilot)
+        await pilot.press("S")
+        await settle(pilot)
+        table = app.table("breakers")
+        assert table.selected_row is not None and table.selected_row.key == "anthropic"
+        assert app.feed.selected["breakers"] == "anthropic"
+
+
+async def test_p_pauses_and_resumes_live_updates() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        await settle(pilot)
+        assert app.feed.paused is True
+        assert app.status.mode.render().plain.strip() == "PAUSED"  # type: ignore[union-attr]
+        before = app.feed.last
+        app.runtime.engine.providers["groq"].breaker.record_failure(app.runtime.engine.clock.now())
+        app.feed._tick()  # a periodic tick while paused builds nothing
+        assert app.feed.last is before
+        await pilot.press("p")
+        await settle(pilot)
+        assert app.feed.paused is False
+        assert app.status.mode.render().plain.strip() == "LIVE"  # type: ignore[union-attr]
+        assert app.feed.last is not before
+
+
+async def test_question_mark_lists_every_key() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        console = Console(width=200, file=io.StringIO(), record=True)
+        for static in app.screen.query(".help-section").results(Static):
+            console.print(static.content)
+        text = console.export_text()
+        catalogue = key_catalogue(app)
+        for binding in type(app).BINDINGS:
+            key = binding.key if hasattr(binding, "key") else binding[0]  # type: ignore[index]
+            assert any(e.binding.key == key for e in catalogue)
+        for entry in catalogue:
+            assert (entry.binding.description or entry.binding.action) in text
+        for key in ("r", "e", "R", "slash", "s", "S", "p", "question_mark", "q", "ctrl+c", "ctrl+p"):
+            assert any(e.binding.key == key for e in catalogue), key
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_ctrl_p_opens_the_palette_with_every_tab_and_action() -> None:
+    app = snapshot_app()
+    titles = [title for title, _, _ in commands(app)]
+    for tab in ("Overview", "Breakers", "Connections", "Lockouts", "Settings", "Events"):
+        assert f"Show the {tab} tab" in titles
+    for title in (
+        "Breakers: Reset",
+        "Breakers: Reset shown",
+        "Connections: Clear",
+        "Connections: Enable/disable",
+        "Lockouts: Re-enable",
+        "Lockouts: Re-enable shown",
+        "Filter",
+        "Sort",
+        "Reverse",
+        "Pause",
+        "Help",
+        "Quit",
+    ):
+        assert title in titles
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press(*"lockouts tab")
+        await settle(pilot)  # the palette searches in a worker of its own
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.active_tab == "lockouts"
+
+
+async def test_palette_runs_a_table_action() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        app.table_action("breakers", "reset")
+        await settle(pilot)
+        await settle(pilot)
+        assert app.active_tab == "breakers"
+        assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "CLOSED"
+
+
+@pytest.mark.parametrize("key", ["q", "ctrl+c"])
+async def test_q_and_ctrl_c_quit(key: str) -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(key)
+        await pilot.pause()
+    assert app.return_code == 0
+    assert app.feed.live is False
+
+
+async def test_read_only_disables_every_action() -> None:
+    app = snapshot_app(read_only=True)
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        assert "READ-ONLY" in app.status.mode.render().plain  # type: ignore[union-attr]
+        before = len(operator_events(app))
+        for tab, keys in (("2", ("r", "R")), ("3", ("r", "e", "R")), ("4", ("r", "R"))):
+            await open_tab(pilot, tab)
+            for key in keys:
+                await pilot.press(key)
+                await settle(pilot)
+                assert not isinstance(app.screen, ConfirmScreen)
+        assert len(operator_events(app)) == before
+        assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "OPEN"
+        assert any("read-only mode" in n.message for n in app._notifications)
