@@ -223,7 +223,7 @@ class Feed:
             self.selected.get(tab),
         )
         counters = (stats.total, stats.in_flight)
-        second = int(now // 1000)
+        second = int((now - engine.started_at) // 1000)  # the uptime's seconds: one step per header
         changed = force or body_key != self._body_key
         header_due = changed or second != self._second
         body_due = changed or (
@@ -235,15 +235,20 @@ class Feed:
             return None
         self._second = second
         lockouts = self._lockouts(now)
-        head = snap.header(
-            engine,
-            now,
-            url=self.url,
-            version=self.runtime.version,
-            live=not self.paused,
-            read_only=self.read_only,
-            lockouts=len(lockouts.rows),
-        )
+        if header_due or self.last is None:
+            head = snap.header(
+                engine,
+                now,
+                url=self.url,
+                version=self.runtime.version,
+                live=not self.paused,
+                read_only=self.read_only,
+                lockouts=len(lockouts.rows),
+            )
+        else:
+            # A body-only tick keeps the header as it was: a new one (the request count moved)
+            # would repaint it in the same frame as the body, which is what the split avoids.
+            head = self.last.header
         result = Snapshot(header=head, tab=tab)
         if body_due:
             self._body_key, self._counters, self._body_second = body_key, counters, second

@@ -21,7 +21,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -33,6 +33,9 @@ from omniroute_tui.snapshot import COLUMNS, Row, TableSnapshot
 ROW_STYLES: dict[str, Style] = {name: Style.parse(colour) for name, colour in ROW_COLOURS.items()}
 PADDING = 1
 """Blank cells on each side of every cell."""
+CHUNK = 8
+"""Lines repainted per frame when rows change in place (countdowns): the proxy shares the event
+loop, so a screenful of moved countdowns is painted over a few frames, not in one long stall."""
 
 
 class ResourceTable(ScrollView, can_focus=True):
@@ -94,6 +97,9 @@ class ResourceTable(ScrollView, can_focus=True):
         self._styles: dict[str, Style] | None = None
         self.drawn = 0
         """Rows drawn so far (not served from the line cache): what a diff costs."""
+        self._pending: set[int] = set()
+        """Lines (0 is the header) changed in place and not yet handed to the compositor."""
+        self._flushing = False
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -132,9 +138,11 @@ class ResourceTable(ScrollView, can_focus=True):
         self.snapshot = snapshot
         if not changed:
             return
+        previous, cursor, scroll = self.rows, self.cursor, self.scroll_offset
         self.rows = rows
         self._index = {row.key: i for i, row in enumerate(self.rows)}
-        if grew or old is None or old.view != snapshot.view:
+        relaid = grew or old is None or old.view != snapshot.view
+        if relaid:
             self._layout += 1
         for key in self._lines.keys() - self._index.keys():
             del self._lines[key]
@@ -143,8 +151,42 @@ class ResourceTable(ScrollView, can_focus=True):
             self.cursor = self._index[before.key]
         self.cursor = max(0, min(self.cursor, len(self.rows) - 1))
         self._scroll_to_cursor()
-        self.refresh()
+        if relaid or len(previous) != len(rows) or self.cursor != cursor or self.scroll_offset != scroll:
+            self._pending.clear()
+            self.refresh()
+        else:
+            # The same rows in the same places, some of them changed (a countdown moved): repaint
+            # only their lines.
+            top = int(self.scroll_y)
+            bottom = min(top + max(self.size.height - 1, 0), len(rows))
+            self._repaint({i - top + 1 for i in range(top, bottom) if rows[i] is not previous[i]})
         self._announce()
+
+    def _repaint(self, lines: set[int]) -> None:
+        self._pending |= lines
+        if not self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the next `CHUNK` pending lines to the compositor; the rest after the next frame."""
+        self._flushing = False
+        if not self._pending or not self.is_mounted:
+            self._pending.clear()
+            return
+        lines = sorted(self._pending)
+        now, later = lines[:CHUNK], lines[CHUNK:]
+        self._pending = set(later)
+        width = self.size.width
+        start = end = now[0]
+        for y in now[1:]:
+            if y != end + 1:
+                self.refresh(Region(0, start, width, end - start + 1))
+                start = y
+            end = y
+        self.refresh(Region(0, start, width, end - start + 1))
+        if later:
+            self._flushing = True
+            self.call_after_refresh(self._flush)
 
     def _announce(self) -> None:
         row = self.selected_row
@@ -177,6 +219,7 @@ class ResourceTable(ScrollView, can_focus=True):
         if styles is None:
             base = self.rich_style
             styles = {
+                "base": base,
                 "header": base + self.get_component_rich_style("resource-table--header"),
                 "cursor": self.get_component_rich_style("resource-table--cursor", partial=True),
                 **{key: base + style for key, style in ROW_STYLES.items()},
@@ -217,14 +260,15 @@ class ResourceTable(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
+        base = self._style("base")  # `rich_style` walks the DOM: too dear to ask for every line
         if y == 0:
             strip = self._header()
         else:
             index = y - 1 + scroll_y
             if index >= len(self.rows):
-                return Strip.blank(width, self.rich_style)
+                return Strip.blank(width, base)
             strip = self._row_line(self.rows[index], index == self.cursor)
-        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+        return strip.crop_extend(scroll_x, scroll_x + width, base)
 
     # -- moving the cursor -------------------------------------------------------------------------
 
