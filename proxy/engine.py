@@ -714,5 +714,5 @@ def _describe(outcome: Outcome, verdict: Verdict) -> str:
     """A short, secret-free description of an error for `lastError`."""
     if outcome.kind is OutcomeKind.STATUS:
         body = " ".join(outcome.body.split())[:160]
-        return f"{outcome.status} {verdict.reason}" + (f": {body}" if body else "")
+        return f"{outcome.status}: {body}" if body else f"{outcome.status} {verdict.reason}"
     return outcome.error or verdict.reason

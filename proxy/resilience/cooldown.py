@@ -288,7 +288,8 @@ def _terminal_reason(status: str, code: int | None, error: str) -> str:
     text = _TOKEN_LIKE.sub("***", " ".join(error.split()))
     if len(text) > _REASON_TEXT_LIMIT:
         text = text[: _REASON_TEXT_LIMIT - 3] + "..."
-    head = f"{status}:" if code is None else f"{status}: {code}"
+    # The error text usually starts with the status code already ("401: ..."): say it once.
+    head = f"{status}:" if code is None or text.startswith(str(code)) else f"{status}: {code}"
     return f"{head} {text}" if text else head.rstrip(":")
 
 
