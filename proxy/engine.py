@@ -557,10 +557,6 @@ class Engine:
 
         return Recorded(verdict, outcome.status, client_retry)
 
-    def cancel(self, attempt: Attempt) -> None:
-        """An attempt that ended without any verdict (client gone before an answer)."""
-        self.record(attempt, Outcome.disconnect())
-
     # ------------------------------------------------------------------ operator actions
 
     def _operator(self, action: str, reason: str) -> None:

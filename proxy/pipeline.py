@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from proxy.config import Config
 from proxy.engine import Attempt, Engine, NoTarget, Target
 from proxy.resilience.errors import ExecutionTimeout, QueueFull
-from proxy.resilience.outcome import Outcome
+from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
@@ -224,7 +224,7 @@ class Pipeline:
             text = await upstream.read_error_text()
             await stack.aclose()
             recorded = engine.record(
-                attempt, Outcome(_STATUS, upstream.status, upstream.headers, text), session=session
+                attempt, Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text), session=session
             )
             status = recorded.status or upstream.status
             if recorded.client_retry_after_ms is not None:
@@ -404,9 +404,6 @@ class Pipeline:
         return error_response(
             503, f"no target can serve this request: {why}", "all_targets_unavailable", skipped=skipped
         )
-
-
-_STATUS = Outcome.ok().kind
 
 
 async def _read_body(request: Request) -> bytes:

@@ -7,6 +7,7 @@ written out as well as coloured.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -211,35 +212,24 @@ def _connections_table(rows: list[dict[str, Any]]) -> RenderableType | None:
     if not rows:
         note("No connections are configured.")
         return None
-    t = table(
-        "Provider",
-        "Connection",
-        "Status",
-        "Cooldown left",
-        "Backoff",
-        "Last error",
-        "Code",
-        "In-flight / max",
-        keep=3,
-    )
-    for c in rows:
-        t.add_row(
-            cell(c["provider"], "bold"),
-            cell(_connection_name(c)),
-            state_cell(c["status"]),
-            cell(duration(c["cooldownRemainingMs"])),
-            cell(c["backoffLevel"]),
-            cell(fmt.clip(c["lastError"], ERROR_WIDTH) if c["lastError"] else None),
-            cell(c["errorCode"]),
-            cell(_in_flight(c)),
-        )
-    return t
+    return _connection_rows(rows, "In-flight / max", _in_flight, cooldown_style="")
 
 
 def _cooldowns_table(rows: list[dict[str, Any]]) -> RenderableType | None:
     if not rows:
         note("No connection is cooling down.")
         return None
+    return _connection_rows(rows, "Last error at", lambda c: ago(c["lastErrorAt"]), cooldown_style="yellow")
+
+
+def _connection_rows(
+    rows: list[dict[str, Any]],
+    last_header: str,
+    last_value: Callable[[dict[str, Any]], Any],
+    *,
+    cooldown_style: str,
+) -> RenderableType:
+    """The connections table and the cooldowns table differ only in their last column."""
     t = table(
         "Provider",
         "Connection",
@@ -248,7 +238,7 @@ def _cooldowns_table(rows: list[dict[str, Any]]) -> RenderableType | None:
         "Backoff",
         "Last error",
         "Code",
-        "Last error at",
+        last_header,
         keep=3,
     )
     for c in rows:
@@ -256,11 +246,11 @@ def _cooldowns_table(rows: list[dict[str, Any]]) -> RenderableType | None:
             cell(c["provider"], "bold"),
             cell(_connection_name(c)),
             state_cell(c["status"]),
-            cell(duration(c["cooldownRemainingMs"]), "yellow"),
+            cell(duration(c["cooldownRemainingMs"]), cooldown_style),
             cell(c["backoffLevel"]),
             cell(fmt.clip(c["lastError"], ERROR_WIDTH) if c["lastError"] else None),
             cell(c["errorCode"]),
-            cell(ago(c["lastErrorAt"])),
+            cell(last_value(c)),
         )
     return t
 
