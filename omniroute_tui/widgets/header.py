@@ -1,68 +1,174 @@
-"""The two header lines: where the proxy listens, how long it has run, how busy it is, what is wrong."""
+"""The two header lines: where the proxy listens, how long it has run, how busy it is, what is wrong.
+
+Drawn with the Line API, two styled strips, instead of a row of `Static`s and a `Sparkline`: the
+header changes every second, and a `Static` lays its Rich text out again on every change (about
+a millisecond each, in the event loop the proxy serves from; bench/tui.py). Here a change costs
+the segments of one line, and only the line that changed is marked dirty.
+"""
 
 from __future__ import annotations
 
-from rich.text import Text
-from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
-from textual.widgets import Sparkline, Static
+from typing import ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.widget import Widget
 
 from omniroute_tui.snapshot import Header
 
+Spans = list[tuple[str, Style]]
 
-class StatusHeader(Vertical):
+BARS = "▁▂▃▄▅▆▇█"
+SPARKLINE_WIDTH = 20
+
+BRAND = Style(bold=True, reverse=True)
+DIM = Style(dim=True)
+BOLD = Style(bold=True)
+LIVE = Style.parse("bold black on green")
+PAUSED = Style.parse("bold black on yellow")
+READ_ONLY = Style.parse("bold black on yellow")
+COUNT_STYLES = {
+    "OPEN": Style.parse("bold red"),
+    "cooling": Style.parse("yellow"),
+    "lockouts": Style.parse("yellow"),
+}
+
+
+class StatusHeader(Widget):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "status-header--muted",
+        "status-header--rate-low",
+        "status-header--rate-high",
+    }
+    DEFAULT_CSS = """
+    StatusHeader {
+        height: 2;
+    }
+    StatusHeader > .status-header--muted {
+        color: $text-muted;
+    }
+    StatusHeader > .status-header--rate-high {
+        color: $primary;
+    }
+    StatusHeader > .status-header--rate-low {
+        color: $primary 30%;
+    }
+    """
+
     def __init__(self) -> None:
         super().__init__(id="header")
-        self._shown: Header | None = None
-        self.title_line = Static("", id="header-title")
-        self.mode = Static("", id="header-mode")
-        self.rates = Sparkline([0], summary_function=max, id="header-rates")
-        self.counts = Static("", id="header-counts")
-
-    def compose(self) -> ComposeResult:
-        with Horizontal(classes="header-line"):
-            yield self.title_line
-            yield self.mode
-        with Horizontal(classes="header-line"):
-            yield Static("req/s ", id="header-rates-label")
-            yield self.rates
-            yield self.counts
+        self.shown: Header | None = None
+        self._styles: dict[str, Style] | None = None
 
     def show(self, header: Header) -> None:
-        old, self._shown = self._shown, header
+        old, self.shown = self.shown, header
         if old is not None and old == header:
             return
-        if old is None or (old.url, old.version, old.uptime) != (header.url, header.version, header.uptime):
-            title = Text()
-            title.append(" omniroute ", style="bold reverse")
-            title.append(f" {header.version}  ", style="dim")
-            title.append(header.url, style="bold")
-            title.append(f"  up {header.uptime}", style="dim")
-            self.title_line.update(title, layout=False)  # its width is fixed by CSS (1fr)
-        if old is None or (old.live, old.read_only) != (header.live, header.read_only):
-            mode = Text()
-            if header.read_only:
-                mode.append(" READ-ONLY ", style="bold black on yellow")
-                mode.append(" ")
-            mode.append(
-                " LIVE " if header.live else " PAUSED ",
-                style="bold black on green" if header.live else "bold black on yellow",
+        width = self.size.width
+        if old is None or title_key(old) != title_key(header):
+            self.refresh(Region(0, 0, width, 1))
+        if old is None or (old.rates, counts(old)) != (header.rates, counts(header)):
+            self.refresh(Region(0, 1, width, 1))
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = None
+
+    def _style(self, name: str) -> Style:
+        styles = self._styles
+        if styles is None:
+            base = self.rich_style
+            low, high = (
+                self.background_colors[1] + self.get_component_styles(f"status-header--rate-{end}").color
+                for end in ("low", "high")
             )
-            self.mode.update(mode)
-        if old is None or old.rates != header.rates:
-            self.rates.data = list(header.rates) or [0]
-        self.counts.update(counts(header), layout=False)
+            styles = {
+                "base": base,
+                "muted": base + self.get_component_rich_style("status-header--muted"),
+                **{f"bar{i}": base + Style(color=low.blend(high, i / 7).rich_color) for i in range(8)},
+            }
+            self._styles = styles
+        return styles[name]
+
+    def line_text(self, y: int) -> str:
+        """What line `y` says, without its styles."""
+        return "".join(segment.text for segment in self.render_line(y)).rstrip()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        base = self._style("base")
+        header = self.shown
+        if header is None or y > 1:
+            return Strip.blank(width, base)
+        if y == 0:
+            left = Strip(segments(title(header), base))
+            right = Strip(segments(mode(header), base))
+        else:
+            left = Strip(
+                [
+                    Segment(" req/s ", self._style("muted")),
+                    *(Segment(bar, self._style(f"bar{level}")) for bar, level in sparkline(header.rates)),
+                    *segments(counts(header), base),
+                ]
+            )
+            right = Strip([])
+        room = max(width - right.cell_length, 0)
+        if left.cell_length > room:
+            cut = left.crop(0, max(room - 1, 0)).extend_cell_length(room - 1, base)
+            left = Strip.join([cut, Strip([Segment("…", base)])])
+        return Strip.join([left.extend_cell_length(room, base), right]).crop(0, width)
 
 
-def counts(header: Header) -> Text:
-    text = Text()
-    text.append(f" {header.rate_now}  ", style="bold")
-    for n, label, style in (
-        (header.open_breakers, "OPEN", "bold red"),
-        (header.cooling, "cooling", "yellow"),
-        (header.lockouts, "lockouts", "yellow"),
+def segments(spans: Spans, base: Style) -> list[Segment]:
+    return [Segment(text, base + style) for text, style in spans]
+
+
+def title_key(header: Header) -> tuple[object, ...]:
+    return (header.url, header.version, header.uptime, header.live, header.read_only)
+
+
+def title(header: Header) -> Spans:
+    return [
+        (" omniroute ", BRAND),
+        (f" {header.version}  ", DIM),
+        (header.url, BOLD),
+        (f"  up {header.uptime}", DIM),
+    ]
+
+
+def mode(header: Header) -> Spans:
+    spans: Spans = []
+    if header.read_only:
+        spans += [(" READ-ONLY ", READ_ONLY), (" ", Style())]
+    spans.append((" LIVE ", LIVE) if header.live else (" PAUSED ", PAUSED))
+    return spans
+
+
+def counts(header: Header) -> Spans:
+    spans: Spans = [(f" {header.rate_now}  ", BOLD)]
+    for n, label in (
+        (header.open_breakers, "OPEN"),
+        (header.cooling, "cooling"),
+        (header.lockouts, "lockouts"),
     ):
-        text.append(f"{label} {n:,}", style=style if n else "dim")
-        text.append("  ")
-    text.append(header.requests, style="dim")
-    return text
+        spans.append((f"{label} {n:,}", COUNT_STYLES[label] if n else DIM))
+        spans.append(("  ", Style()))
+    spans.append((header.requests, DIM))
+    return spans
+
+
+def sparkline(rates: tuple[int, ...], width: int = SPARKLINE_WIDTH) -> list[tuple[str, int]]:
+    """`width` bars, each the busiest second of its share of `rates`, as (bar, level 0-7)."""
+    if not rates:
+        return [(BARS[0], 0)] * width
+    low, high = min(rates), max(rates)
+    extent = high - low or 1
+    n = len(rates)
+    bars = []
+    for i in range(width):
+        start = i * n // width
+        level = round((max(rates[start : max((i + 1) * n // width, start + 1)]) - low) / extent * 7)
+        bars.append((BARS[level], level))
+    return bars

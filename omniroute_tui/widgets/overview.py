@@ -1,7 +1,8 @@
 """The Overview tab: the three layers at a glance.
 
 Breaker tiles (coloured by state, the state written out), the worst connections, the longest
-lockouts and the latest events. Each section re-renders only when its part of the snapshot changed.
+lockouts and the latest events. Each section re-renders only when its part of the snapshot changed;
+the three lists are `LinesView`s, whose countdowns repaint without a Rich layout pass.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from textual.widgets import Static
 
 from omniroute_tui import format as fmt
 from omniroute_tui.snapshot import Overview, Row, Tile
+from omniroute_tui.widgets.lines import Line, LinesView, line
 
 
 class OverviewPane(Vertical):
@@ -22,9 +24,9 @@ class OverviewPane(Vertical):
         super().__init__(id=id)
         self._shown: Overview | None = None
         self.tiles = Static("", id="tiles")
-        self.cooling = Static("", id="overview-cooling", classes="overview-box")
-        self.lockouts = Static("", id="overview-lockouts", classes="overview-box")
-        self.events = Static("", id="overview-events", classes="overview-box")
+        self.cooling = LinesView(id="overview-cooling", classes="overview-box")
+        self.lockouts = LinesView(id="overview-lockouts", classes="overview-box")
+        self.events = LinesView(id="overview-events", classes="overview-box")
         self.cooling.border_title = "Connections needing attention"
         self.lockouts.border_title = "Longest lockouts"
         self.events.border_title = "Recent events"
@@ -44,23 +46,15 @@ class OverviewPane(Vertical):
             relayout = old is None or [t.provider for t in old.tiles] != [t.provider for t in overview.tiles]
             self.tiles.update(tiles(overview.tiles), layout=relayout)
         if old is None or old.cooling != overview.cooling:
-            relayout = old is None or len(old.cooling) != len(overview.cooling)
-            self.cooling.update(
-                rows(overview.cooling, "every connection is active", (16, 8, 7, 60)), layout=relayout
-            )
+            self.cooling.show(rows(overview.cooling, "every connection is active", (16, 8, 7, 60)))
         if old is None or old.cooling_total != overview.cooling_total:
             self.cooling.border_subtitle = f"{overview.cooling_total:,} not active"
         if old is None or old.lockouts != overview.lockouts:
-            relayout = old is None or len(old.lockouts) != len(overview.lockouts)
-            self.lockouts.update(
-                rows(overview.lockouts, "no model is locked out", (30, 7, 16, 16)), layout=relayout
-            )
+            self.lockouts.show(rows(overview.lockouts, "no model is locked out", (30, 7, 16, 16)))
         if old is None or old.lockout_total != overview.lockout_total:
             self.lockouts.border_subtitle = f"{overview.lockout_total:,} active"
         if old is None or old.events != overview.events:
-            self.events.update(
-                rows(overview.events, "nothing has happened yet", (8, 10, 26, 18, 60)), layout=False
-            )
+            self.events.show(rows(overview.events, "nothing has happened yet", (8, 10, 26, 18, 60)))
 
 
 def tiles(items: tuple[Tile, ...]) -> RenderableType:
@@ -80,19 +74,19 @@ def tiles(items: tuple[Tile, ...]) -> RenderableType:
     return Columns(blocks, padding=(0, 1))
 
 
-def rows(items: tuple[Row, ...], empty: str, caps: tuple[int, ...]) -> RenderableType:
-    """Aligned lines, each column as wide as its widest value up to its cap; a line longer than
-    the box ends in "…". (Plain text, not a Rich table: this repaints every second.)"""
+def rows(items: tuple[Row, ...], empty: str, caps: tuple[int, ...]) -> list[Line]:
+    """Aligned lines, each column as wide as its widest value up to its cap (the box cuts a line
+    longer than itself with "…")."""
     if not items:
-        return Text(empty, style="dim")
+        return [line(empty, "dim")]
     widths = [min(cap, max(len(row.cells[i]) for row in items)) for i, cap in enumerate(caps)]
-    text = Text(no_wrap=True, overflow="ellipsis", end="")
-    for n, row in enumerate(items):
-        cells = (
-            fmt.clip(cell, width).ljust(width) if cell else fmt.NONE.ljust(width)
-            for cell, width in zip(row.cells, widths, strict=True)
+    return [
+        line(
+            " ".join(
+                fmt.clip(cell, width).ljust(width) if cell else fmt.NONE.ljust(width)
+                for cell, width in zip(row.cells, widths, strict=True)
+            ).rstrip(),
+            fmt.ROW_COLOURS[row.style],
         )
-        text.append(
-            " ".join(cells).rstrip() + ("\n" if n < len(items) - 1 else ""), style=fmt.ROW_COLOURS[row.style]
-        )
-    return text
+        for row in items
+    ]

@@ -33,9 +33,8 @@ from omniroute_tui.snapshot import COLUMNS, Row, TableSnapshot
 ROW_STYLES: dict[str, Style] = {name: Style.parse(colour) for name, colour in ROW_COLOURS.items()}
 PADDING = 1
 """Blank cells on each side of every cell."""
-CHUNK = 8
-"""Lines repainted per frame when rows change in place (countdowns): the proxy shares the event
-loop, so a screenful of moved countdowns is painted over a few frames, not in one long stall."""
+CELL_CACHE = 20_000
+"""Padded cells remembered per table before the memo starts over."""
 
 
 class ResourceTable(ScrollView, can_focus=True):
@@ -97,9 +96,9 @@ class ResourceTable(ScrollView, can_focus=True):
         self._styles: dict[str, Style] | None = None
         self.drawn = 0
         """Rows drawn so far (not served from the line cache): what a diff costs."""
-        self._pending: set[int] = set()
-        """Lines (0 is the header) changed in place and not yet handed to the compositor."""
-        self._flushing = False
+        self._cells: dict[tuple[str, int], str] = {}
+        """Padded cell text by (text, width): between two ticks most cells of a changed row
+        (all but its countdown) are the same text again."""
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -152,41 +151,29 @@ class ResourceTable(ScrollView, can_focus=True):
         self.cursor = max(0, min(self.cursor, len(self.rows) - 1))
         self._scroll_to_cursor()
         if relaid or len(previous) != len(rows) or self.cursor != cursor or self.scroll_offset != scroll:
-            self._pending.clear()
             self.refresh()
         else:
             # The same rows in the same places, some of them changed (a countdown moved): repaint
-            # only their lines.
+            # only their lines, all in the next frame. (Not spread over frames: Textual's
+            # compositor re-renders every widget under a dirty region whole, so each extra frame
+            # costs about as much as the first one; bench/tui.py.)
             top = int(self.scroll_y)
             bottom = min(top + max(self.size.height - 1, 0), len(rows))
-            self._repaint({i - top + 1 for i in range(top, bottom) if rows[i] is not previous[i]})
+            self._repaint([i - top + 1 for i in range(top, bottom) if rows[i] is not previous[i]])
         self._announce()
 
-    def _repaint(self, lines: set[int]) -> None:
-        self._pending |= lines
-        if not self._flushing:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Hand the next `CHUNK` pending lines to the compositor; the rest after the next frame."""
-        self._flushing = False
-        if not self._pending or not self.is_mounted:
-            self._pending.clear()
+    def _repaint(self, lines: list[int]) -> None:
+        """Mark `lines` (ascending, 0 is the header) dirty, as few regions as there are runs."""
+        if not lines:
             return
-        lines = sorted(self._pending)
-        now, later = lines[:CHUNK], lines[CHUNK:]
-        self._pending = set(later)
         width = self.size.width
-        start = end = now[0]
-        for y in now[1:]:
+        start = end = lines[0]
+        for y in lines[1:]:
             if y != end + 1:
                 self.refresh(Region(0, start, width, end - start + 1))
                 start = y
             end = y
         self.refresh(Region(0, start, width, end - start + 1))
-        if later:
-            self._flushing = True
-            self.call_after_refresh(self._flush)
 
     def _announce(self) -> None:
         row = self.selected_row
@@ -228,14 +215,19 @@ class ResourceTable(ScrollView, can_focus=True):
         return styles[name]
 
     def _line(self, cells: tuple[str, ...], style: Style) -> Strip:
+        padded = self._cells
+        if len(padded) > CELL_CACHE:
+            padded.clear()
         parts = []
         for text, width in zip(cells, self._widths, strict=False):
-            room = width - 2 * PADDING
-            if cell_len(text) > room:
-                text = set_cell_size(text, max(room - 1, 0)) + "…"
-            parts.append(" " * PADDING + set_cell_size(text, room) + " " * PADDING)
+            part = padded.get((text, width))
+            if part is None:
+                room = width - 2 * PADDING
+                fitted = text if cell_len(text) <= room else set_cell_size(text, max(room - 1, 0)) + "…"
+                part = padded[text, width] = " " * PADDING + set_cell_size(fitted, room) + " " * PADDING
+            parts.append(part)
         line = "".join(parts)
-        return Strip([Segment(line, style)], cell_len(line))
+        return Strip([Segment(line, style)], sum(self._widths[: len(cells)]))
 
     def _header(self) -> Strip:
         view = self.snapshot.view if self.snapshot is not None else None

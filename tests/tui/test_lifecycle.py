@@ -50,7 +50,7 @@ async def test_quitting_stops_the_server_and_leaves_no_task(how: str) -> None:
             response = await client.get(f"http://127.0.0.1:{port}/api/monitoring/health")
         assert response.status_code == 200
         assert response.json()["circuitBreakers"]["open"] == 1  # the same engine the console shows
-        assert app.status.title_line.render().plain.count(f"http://127.0.0.1:{port}/v1") == 1  # type: ignore[union-attr]
+        assert app.status.line_text(0).count(f"http://127.0.0.1:{port}/v1") == 1
         if how == "q":
             await pilot.press("q")
             await wait_until(pilot, lambda: host.task is not None and host.task.done())

@@ -1,0 +1,95 @@
+"""The cheap line-drawn widgets: what they say, and that a live tick costs the event loop one frame."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+
+from omniroute_tui.widgets.header import BARS, sparkline
+from omniroute_tui.widgets.lines import LinesView, line
+from proxy.resilience.lockout import LockoutSettings
+from tests.tui.conftest import settle
+from tests.tui.snapshot_app import SECOND, snapshot_app
+
+SIZE = (120, 40)
+
+
+@pytest.mark.parametrize(
+    ("rates", "levels"),
+    [
+        ((), [0] * 4),
+        ((0, 0, 0, 0), [0] * 4),
+        ((5,), [0] * 4),
+        ((0, 1, 2, 3), [0, 2, 5, 7]),
+        ((0, 9, 0, 0, 0, 0, 0, 3), [7, 0, 0, 2]),  # each bar is the busiest second of its share
+        ((4, 8), [0, 0, 7, 7]),  # fewer seconds than bars: each second spans bars
+    ],
+)
+def test_sparkline_levels(rates: tuple[int, ...], levels: list[int]) -> None:
+    bars = sparkline(rates, width=4)
+    assert [level for _, level in bars] == levels
+    assert [bar for bar, _ in bars] == [BARS[level] for level in levels]
+
+
+class _Box(App[None]):
+    def compose(self) -> ComposeResult:
+        yield LinesView(id="box")
+
+
+async def test_lines_view_cuts_long_lines_and_grows_with_its_lines() -> None:
+    app = _Box()
+    async with app.run_test(size=(20, 5)) as pilot:
+        box = app.query_one(LinesView)
+        box.show([line("short"), (("a very long ", "bold"), ("line of text", "red"))])
+        await pilot.pause()
+        assert box.size.height == 2
+        drawn = ["".join(s.text for s in box.render_line(y)) for y in range(2)]
+        assert drawn == ["short".ljust(20), "a very long line of…"]
+        box.show([line("one")])
+        await pilot.pause()
+        assert box.size.height == 1
+        assert box.plain == "one"
+
+
+async def test_header_says_where_how_busy_and_what_is_wrong() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        title, counts = app.status.line_text(0), app.status.line_text(1)
+        assert title.startswith(" omniroute ") and "http://127.0.0.1:20128/v1" in title
+        assert title.endswith(" LIVE")
+        assert "OPEN 1" in counts and "cooling 2" in counts and "lockouts 4" in counts
+
+
+async def test_a_countdown_tick_is_one_frame() -> None:
+    """Textual re-renders every widget under a dirty region whole, so a tick whose changed rows
+    were spread over several frames would cost the proxy's event loop several times over."""
+    app = snapshot_app()
+    engine = app.runtime.engine
+    clock: Any = engine.clock
+    now = clock.now()
+    for i in range(30):  # a screenful of countdowns
+        engine.lockouts.record_failure(
+            "openai", "openai-main", f"model-{i}", now, LockoutSettings(enabled=True), status=404,
+            reason="not_found", hint_ms=600_000 + i * 1000,
+        )  # fmt: skip
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await settle(pilot)
+        compositor = app.screen._compositor
+        frames: list[int] = []
+        render = compositor.render_update
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            frames.append(len(compositor._dirty_regions))
+            return render(*args, **kwargs)
+
+        compositor.render_update = counting  # type: ignore[method-assign]
+        clock.advance(SECOND)
+        app.feed.request()
+        await settle(pilot)
+        assert len(frames) == 1
+        table = app.table("lockouts")
+        assert [row.cells[5] for row in table.rows[:2]] == ["19m 29s", "11m 29s"]
