@@ -186,6 +186,11 @@ class OmniRouteApp(App[int]):
         self.refresh_bindings()
         self.feed.request()
 
+    @on(ResourceTable.Scrolled)
+    def _scrolled(self, message: ResourceTable.Scrolled) -> None:
+        self.feed.windows[message.table.TABLE] = message.window
+        self.feed.request()
+
     @on(ResourceTable.Selected)
     def _selected(self, message: ResourceTable.Selected) -> None:
         if self.feed.selected.get(message.table.TABLE) != message.key:

@@ -23,6 +23,7 @@ from typing import Final
 from textual.message_pump import MessagePump
 from textual.timer import Timer
 
+from omniroute_tui import format as fmt
 from omniroute_tui import snapshot as snap
 from omniroute_tui.messages import SnapshotReady
 from omniroute_tui.snapshot import Detail, Entry, Overview, Row, Snapshot, SortKey, TableSnapshot, View
@@ -31,11 +32,14 @@ from proxy.resilience.lockout import LockoutEntry, LockoutTable
 from proxy.runtime import Runtime
 
 TICK_S: Final = 0.5
+WINDOW_MARGIN: Final = 10
+"""Rows above and below a table's screen that get fresh countdowns too (a short scroll)."""
 HISTORY: Final = 1000
 """Events and log lines kept for the Events tab and the detail panes (the bus ring's size)."""
 
 _LogLine = tuple[float, str, str, str]
 _EXPIRES = 5  # the Remaining column: its sort key is the deadline
+_REMAINING = 5
 
 
 class LockoutIndex:
@@ -138,6 +142,8 @@ class Feed:
         self.tab = "overview"
         self.views: dict[str, View] = dict(snap.DEFAULT_VIEWS)
         self.selected: dict[str, str | None] = {}
+        self.windows: dict[str, tuple[int, int]] = {}
+        """The rows (start, stop) each table has on screen: only they get fresh countdowns."""
         self.paused = False
         self.held: Callable[[], bool] = lambda: False
         """True while a modal screen is open: nobody sees the tables, so ticks are skipped."""
@@ -213,42 +219,35 @@ class Feed:
         stats = engine.stats
         tab = self.tab
         # State changes (events, the operator's view) show within a tick. What merely counts (the
-        # requests, a countdown, the uptime) moves once a second: the header on one tick and the
-        # body on the next, so the proxy waits behind two small repaints, not one large one.
+        # requests, a countdown, the uptime) moves once a second, header and body in the same tick:
+        # Textual's compositor re-renders every widget under a frame's dirty region, so one frame
+        # with both costs the proxy about half of two frames with one each (bench/tui.py).
         body_key = (
             self.runtime.bus.last_seq,
             self._log_count,
             tab,
             self.views.get(tab),
             self.selected.get(tab),
+            self.windows.get(tab),
         )
         counters = (stats.total, stats.in_flight)
         second = int((now - engine.started_at) // 1000)  # the uptime's seconds: one step per header
         changed = force or body_key != self._body_key
         header_due = changed or second != self._second
-        body_due = changed or (
-            second != self._body_second
-            and (self._moving or counters != self._counters)
-            and not (header_due and self.live)
-        )
+        body_due = changed or (second != self._body_second and (self._moving or counters != self._counters))
         if not (header_due or body_due):
             return None
         self._second = second
         lockouts = self._lockouts(now)
-        if header_due or self.last is None:
-            head = snap.header(
-                engine,
-                now,
-                url=self.url,
-                version=self.runtime.version,
-                live=not self.paused,
-                read_only=self.read_only,
-                lockouts=len(lockouts.rows),
-            )
-        else:
-            # A body-only tick keeps the header as it was: a new one (the request count moved)
-            # would repaint it in the same frame as the body, which is what the split avoids.
-            head = self.last.header
+        head = snap.header(
+            engine,
+            now,
+            url=self.url,
+            version=self.runtime.version,
+            live=not self.paused,
+            read_only=self.read_only,
+            lockouts=len(lockouts.rows),
+        )
         result = Snapshot(header=head, tab=tab)
         if body_due:
             self._body_key, self._counters, self._body_second = body_key, counters, second
@@ -326,20 +325,30 @@ class Feed:
         arranged = lockouts.arranged(view)
         finished: dict[str, tuple[Row, Row]] = {}
         previous = self._finished
+        start, stop = self.windows.get("lockouts", (0, self.limit))
+        start, stop = start - WINDOW_MARGIN, stop + WINDOW_MARGIN
 
-        def finish(template: Row) -> Row:
-            # Only the rows on screen get their countdown; an unchanged one is handed over as the
+        def finish(template: Row, shown: bool) -> Row:
+            # Only the rows on screen get a fresh countdown: with 10,000 lockouts every one of
+            # them moves each second, and the table repaints only what is on screen anyway (a
+            # scroll asks for a new snapshot at once). An unchanged row is handed over as the
             # same object, so the table skips it without comparing cells.
-            row = snap.with_remaining(template, float(template.sort_keys[_EXPIRES]), now)
+            expires_at = float(template.sort_keys[_EXPIRES])
             last = previous.get(template.key)
-            if last is not None and last[0] is template and last[1].cells == row.cells:
+            if (
+                last is not None
+                and last[0] is template
+                and (not shown or last[1].cells[_REMAINING] == fmt.countdown(expires_at - now))
+            ):
                 row = last[1]
+            else:
+                row = snap.with_remaining(template, expires_at, now)
             finished[template.key] = (template, row)
             return row
 
         pair = lockouts.entries.get(selected) if selected is not None else None
         detail = snap.lockout_detail(pair[0], self.history) if pair is not None else None
-        rows = tuple(finish(r) for r in arranged[: self.limit])
+        rows = tuple(finish(r, start <= i < stop) for i, r in enumerate(arranged[: self.limit]))
         self._finished = finished
         return TableSnapshot("lockouts", rows, view, len(lockouts.rows), lockouts.matching, detail)
 

@@ -80,8 +80,21 @@ class ResourceTable(ScrollView, can_focus=True):
         def control(self) -> ResourceTable:
             return self.table
 
+    class Scrolled(Message):
+        """The rows `window` (start, stop) of the table are now on screen."""
+
+        def __init__(self, table: ResourceTable, window: tuple[int, int]) -> None:
+            super().__init__()
+            self.table = table
+            self.window = window
+
+        @property
+        def control(self) -> ResourceTable:
+            return self.table
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self._window: tuple[int, int] | None = None
         self.snapshot: TableSnapshot | None = None
         self.rows: list[Row] = []
         """In display order."""
@@ -174,6 +187,20 @@ class ResourceTable(ScrollView, can_focus=True):
                 start = y
             end = y
         self.refresh(Region(0, start, width, end - start + 1))
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._announce_window()
+
+    def on_resize(self) -> None:
+        self._announce_window()
+
+    def _announce_window(self) -> None:
+        top = int(self.scroll_y)
+        window = (top, top + max(self.size.height - 1, 0))  # the header takes a line
+        if window != self._window:
+            self._window = window
+            self.post_message(self.Scrolled(self, window))
 
     def _announce(self) -> None:
         row = self.selected_row

@@ -63,18 +63,23 @@ async def test_header_says_where_how_busy_and_what_is_wrong() -> None:
         assert "OPEN 1" in counts and "cooling 2" in counts and "lockouts 4" in counts
 
 
+def _with_lockouts(n: int) -> Any:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    now = engine.clock.now()
+    for i in range(n):
+        engine.lockouts.record_failure(
+            "openai", "openai-main", f"model-{i:03d}", now, LockoutSettings(enabled=True), status=404,
+            reason="not_found", hint_ms=600_000 - i * 1000,
+        )  # fmt: skip
+    return app
+
+
 async def test_a_countdown_tick_is_one_frame() -> None:
     """Textual re-renders every widget under a dirty region whole, so a tick whose changed rows
     were spread over several frames would cost the proxy's event loop several times over."""
-    app = snapshot_app()
-    engine = app.runtime.engine
-    clock: Any = engine.clock
-    now = clock.now()
-    for i in range(30):  # a screenful of countdowns
-        engine.lockouts.record_failure(
-            "openai", "openai-main", f"model-{i}", now, LockoutSettings(enabled=True), status=404,
-            reason="not_found", hint_ms=600_000 + i * 1000,
-        )  # fmt: skip
+    app = _with_lockouts(30)  # a screenful of countdowns
+    clock: Any = app.runtime.engine.clock
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
         await settle(pilot)
@@ -93,3 +98,27 @@ async def test_a_countdown_tick_is_one_frame() -> None:
         assert len(frames) == 1
         table = app.table("lockouts")
         assert [row.cells[5] for row in table.rows[:2]] == ["19m 29s", "11m 29s"]
+
+
+async def test_only_the_rows_on_screen_count_down_and_a_scroll_catches_up() -> None:
+    app = _with_lockouts(120)
+    clock: Any = app.runtime.engine.clock
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await settle(pilot)
+        table = app.table("lockouts")
+
+        def row(model: str) -> Any:
+            return next(r for r in table.rows if r.cells[2] == model)
+
+        last = row("model-119")  # 8m 01s: near the bottom, far below the screen
+        assert last.cells[5] == "8m 01s"
+        clock.advance(SECOND)
+        app.feed.request()
+        await settle(pilot)
+        assert table.rows[0].cells[5] == "19m 29s"  # on screen: moved
+        assert row("model-119") is last  # far below the screen: not even rebuilt
+        await pilot.press("end")
+        await settle(pilot)
+        assert row("model-119").cells[5] == "8m 00s"  # scrolled into view: fresh at once
+        assert table.rows[0].cells[5] == "19m 29s"  # scrolled out: left as it was
