@@ -96,7 +96,6 @@ class OmniRouteApp(App[int]):
         }
 
     def compose(self) -> ComposeResult:
-        yield self.status
         with self.tabs:
             with TabPane("1 Overview", id="overview"):
                 yield self.overview
@@ -107,6 +106,7 @@ class OmniRouteApp(App[int]):
                 yield Static("Loading the settings cards…", id="settings-placeholder")
             with TabPane("6 Events", id="events"):
                 yield self.panes["events"]
+        yield self.status  # below the tabs: see omniroute.tcss
         yield Footer()
 
     # -- typed DOM accessors (held, not queried: a query only searches the active screen) ---------
