@@ -1,6 +1,6 @@
 """The console's cost, against the bars of quality.md §3, in one command:
 
-    python bench/tui.py                      # about 6 minutes
+    python bench/tui.py                      # about 4 minutes
     python bench/tui.py --seconds 5 --rounds 1
 
 (a) Proxy p99 latency at 8 connections, demo-sized state (200 connections, 1,000 lockouts), with
@@ -10,8 +10,6 @@
     upstream and `wrk -c8` (bench/post.lua), the proxy pinned to CPU 0 and nginx and wrk to CPU 1;
     many short rounds, the modes rotated in each, the median p99 of each mode compared (one run's
     p99 moves by a third with the machine's drift alone); bar: console p99 <= 1.3x headless p99.
-    Each run is measured twice: saturated (each connection sends its next request at once) and
-    paced (each waits 10 ms first, about half of what the proxy can serve here).
 (b) One redraw tick with 10,000 lockouts on the Lockouts tab: snapshot build + table apply, after
     the clock moved one second (so every countdown on screen changes). Bar: <= 50 ms.
 (c) Resident memory: of the console process in (a) (peak) and of the 10,000-lockout process in
