@@ -4,12 +4,6 @@ wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_KEY") or "sk-bench
 wrk.body = '{"model":"MODEL","messages":[{"role":"user","content":"ping"}],"max_tokens":1}'
 local model = os.getenv("BENCH_MODEL") or "bench-model"
 wrk.body = string.gsub(wrk.body, "MODEL", model)
--- BENCH_PACE_MS: each connection waits that long before its next request (a paced load below
--- saturation) instead of sending it at once.
-local pace = tonumber(os.getenv("BENCH_PACE_MS") or "0")
-if pace > 0 then
-  delay = function() return pace end
-end
 done = function(summary, latency, requests)
   io.write(string.format("RESULT requests=%d rps=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f errors=%d non2xx=%d\n",
     summary.requests, summary.requests / (summary.duration / 1e6), latency:percentile(50)/1000, latency:percentile(90)/1000,

@@ -47,9 +47,6 @@ CONNECTIONS_PER_PROVIDER = 10  # 200 connections
 DEMO_LOCKOUTS = 1_000
 TICK_LOCKOUTS = 10_000
 BARS = {"p99_ratio": 1.3, "tick_ms": 50.0, "rss_mb": 200.0}
-PACE_MS = 10
-"""The paced load: each of the 8 connections waits 10 ms between requests (about half of what
-the proxy can serve here), so that p99 shows the proxy's stalls rather than its throughput."""
 
 NGINX_CONF = """
 worker_processes 1;
@@ -333,7 +330,7 @@ def pinned(cpu: int, command: list[str]) -> list[str]:
     return command
 
 
-def wrk(port: int, seconds: int, pace_ms: int = 0) -> dict[str, float]:
+def wrk(port: int, seconds: int) -> dict[str, float]:
     out = subprocess.run(
         pinned(
             1,
@@ -351,7 +348,7 @@ def wrk(port: int, seconds: int, pace_ms: int = 0) -> dict[str, float]:
         ),
         capture_output=True,
         text=True,
-        env={**os.environ, "BENCH_MODEL": "p00/bench-model", "BENCH_PACE_MS": str(pace_ms)},
+        env={**os.environ, "BENCH_MODEL": "p00/bench-model"},
     )
     m = re.search(r"RESULT (.*)", out.stdout)
     if not m:
@@ -389,7 +386,6 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
         wrk(port, 3)  # warm-up: connections, the upstream client pool, the console's first draws
         child.send_signal(signal.SIGUSR1)
         result: dict[str, Any] = wrk(port, seconds)
-        result["paced"] = wrk(port, seconds, PACE_MS)
         result["rss_mb"] = rss_mb(child.pid, "VmHWM")
     finally:
         child.send_signal(signal.SIGTERM)
@@ -440,10 +436,8 @@ def latency_bench(
                     key = mode if mode.startswith("headless") else f"console ({tab} tab)"
                     result = run_mode(mode, tab, upstream, seconds, tmp)
                     runs.setdefault(key, []).append(result)
-                    paced = result["paced"]
                     print(
                         f"  round {r + 1} {key:<26} p99 {result['p99_ms']:7.2f} ms  p50 {result['p50_ms']:6.2f} ms"
-                        f"  (paced: p99 {paced['p99_ms']:6.2f} ms at {paced['rps']:4.0f} req/s)"
                         f"  {result['rps']:6.0f} req/s  rss {result['rss_mb']:5.1f} MB  loop stalls: max "
                         f"{result.get('lag_max_ms', float('nan')):5.1f} ms, full GCs "
                         f"{result.get('full_gcs', float('nan')):.0f} (max {result.get('gc_max_ms', float('nan')):.1f} ms)",
@@ -529,22 +523,9 @@ def main(argv: list[str] | None = None) -> int:
             p99 = statistics.median(p99s)
             ticks = statistics.median(r.get("tick_median_ms", float("nan")) for r in results)
             print(
-                f"  (a) p99 {key}, saturated: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}) = "
+                f"  (a) p99 {key}: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}) = "
                 f"{p99 / frozen:.2f}x headless (bar <= {bar}x): {verdict(p99 / frozen <= bar)}; "
                 f"live tick median {ticks:.1f} ms"
-            )
-        paced_frozen = statistics.median(r["paced"]["p99_ms"] for r in runs["headless-frozen"])
-        print(
-            f"  headless p99, paced ({PACE_MS} ms between requests per connection): median {paced_frozen:.2f} ms"
-        )
-        for key, results in runs.items():
-            if key.startswith("headless"):
-                continue
-            p99s = [r["paced"]["p99_ms"] for r in results]
-            p99 = statistics.median(p99s)
-            print(
-                f"  (a) p99 {key}, paced: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}) = "
-                f"{p99 / paced_frozen:.2f}x headless (bar <= {bar}x): {verdict(p99 / paced_frozen <= bar)}"
             )
     print(
         f"  (b) redraw tick with {TICK_LOCKOUTS:,} lockouts (build + apply + repaint): {tick['tick_ms']:.1f} ms median "
