@@ -58,7 +58,9 @@ def tui(
     demo: DemoOpt = False,
     read_only: Annotated[
         bool,
-        typer.Option("--read-only", help="Watch only: every action is disabled (and the header says so)."),
+        typer.Option(
+            "--read-only", help="Watch only: every action is disabled (and the status line says so)."
+        ),
     ] = False,
     host: HostOpt = None,
     port: PortOpt = None,
