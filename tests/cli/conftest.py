@@ -25,32 +25,9 @@ from proxy.engine import Engine
 from proxy.resilience.clock import FakeClock
 from proxy.runtime import Runtime
 from tests.fakes import FakeUpstream, LiveServer, serve
+from tests.two_providers import config_text
 
 TOKEN = "cli-mgmt-token-0123456789"
-
-CONFIG = """{server}
-[providers.alpha]
-class = "local"
-base_url = "{upstream}"
-
-[[providers.alpha.connections]]
-id = "alpha-1"
-priority = 1
-
-[[providers.alpha.connections]]
-id = "alpha-2"
-priority = 2
-
-[providers.beta]
-class = "apikey"
-base_url = "{refused}"
-
-[[providers.beta.connections]]
-id = "beta-1"
-name = "Beta main"
-api_key = "sk-test-secret-key-1234"
-max_concurrent = 2
-"""
 
 
 @dataclass
@@ -158,8 +135,7 @@ def make_instance(tmp_path: Path, upstream: str) -> Iterator[Callable[..., Insta
 
     def make(token: str | None = None) -> Instance:
         n = len(started)
-        server_table = f'[server]\nmanagement_token = "{token}"\n' if token else ""
-        text = CONFIG.format(server=server_table, upstream=upstream, refused=FakeUpstream.refused_url())
+        text = config_text(upstream, FakeUpstream.refused_url(), token)
         config_path = tmp_path / f"config-{n}.toml"
         config_path.write_text(text)
         config_path.chmod(0o600)
@@ -171,7 +147,8 @@ def make_instance(tmp_path: Path, upstream: str) -> Iterator[Callable[..., Insta
         cli_config = tmp_path / f"cli-{n}.toml"
         token_line = f'management_token = "{token}"\n' if token else ""
         cli_config.write_text(
-            f"[server]\nport = {server.port}\n{token_line}" + text.replace(server_table, "", 1)
+            f"[server]\nport = {server.port}\n{token_line}"
+            + config_text(upstream, FakeUpstream.refused_url(), None)
         )
         cli_config.chmod(0o600)
         instance = Instance(runtime, server, clock, token, cli_config)
