@@ -38,8 +38,7 @@ HISTORY: Final = 1000
 """Events and log lines kept for the Events tab and the detail panes (the bus ring's size)."""
 
 _LogLine = tuple[float, str, str, str]
-_EXPIRES = 5  # the Remaining column: its sort key is the deadline
-_REMAINING = 5
+_REMAINING = snap.LOCKOUT_REMAINING  # the Remaining column: its sort key is the deadline
 
 
 class LockoutIndex:
@@ -105,11 +104,11 @@ _DEADLINE_COLUMNS = (5, 6)  # Remaining and Expires at: both sort by the deadlin
 
 
 def _order(row: Row) -> tuple[SortKey, str]:
-    return (row.sort_keys[_EXPIRES], row.key)
+    return (row.sort_keys[_REMAINING], row.key)
 
 
 def _deadline(row: Row) -> float:
-    return float(row.sort_keys[_EXPIRES])
+    return float(row.sort_keys[_REMAINING])
 
 
 class Feed:
@@ -333,7 +332,7 @@ class Feed:
             # them moves each second, and the table repaints only what is on screen anyway (a
             # scroll asks for a new snapshot at once). An unchanged row is handed over as the
             # same object, so the table skips it without comparing cells.
-            expires_at = float(template.sort_keys[_EXPIRES])
+            expires_at = float(template.sort_keys[_REMAINING])
             last = previous.get(template.key)
             if (
                 last is not None

@@ -347,7 +347,8 @@ def connection_detail(
 
 # -- lockouts -------------------------------------------------------------------------------------
 
-_LOCKOUT_REMAINING = 5
+LOCKOUT_REMAINING = 5
+"""The Remaining column of a lockout row (its sort key is the deadline)."""
 
 
 def lockout_key(provider: str, connection: str, model: str) -> str:
@@ -385,7 +386,7 @@ def lockout_template(entry: LockoutEntry) -> Row:
 
 def with_remaining(template: Row, expires_at: float, now: float) -> Row:
     c = template.cells
-    cells = (*c[:_LOCKOUT_REMAINING], fmt.countdown(expires_at - now), *c[_LOCKOUT_REMAINING + 1 :])
+    cells = (*c[:LOCKOUT_REMAINING], fmt.countdown(expires_at - now), *c[LOCKOUT_REMAINING + 1 :])
     return Row(template.key, cells, template.sort_keys, template.style, template.target, template.search)
 
 
