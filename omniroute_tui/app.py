@@ -23,7 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from omniroute_tui import actions
+from omniroute_tui import actions, terminal, untrusted
 from omniroute_tui.feed import Feed, FeedLogHandler, captured_logging
 from omniroute_tui.host import ProxyHost
 from omniroute_tui.messages import SnapshotReady
@@ -47,11 +47,15 @@ from proxy.runtime import Runtime
 log = logging.getLogger("omniroute.tui")
 
 TABLE_TABS = ("breakers", "connections", "lockouts", "events")
+SHORT_ROWS = 20
 
 
 class OmniRouteApp(App[int]):
     CSS_PATH = "omniroute.tcss"
     TITLE = "omniroute"
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (SHORT_ROWS, "-tall")]
+    """A terminal shorter than SHORT_ROWS hides the detail panes (omniroute.tcss), so that every
+    table keeps its header and at least three rows down to 40x12."""
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("1", "show_tab('overview')", "Overview", show=False, id="tab-overview"),
@@ -76,8 +80,11 @@ class OmniRouteApp(App[int]):
         read_only: bool = False,
         serve_sock: socket.socket | None = None,
         live: bool = True,
+        ascii_only: bool = False,
     ) -> None:
-        super().__init__()
+        # ASCII: every character leaves through a driver that writes ASCII look-alikes (terminal.py).
+        super().__init__(driver_class=terminal.ascii_driver() if ascii_only else None)
+        untrusted.use_ascii(ascii_only)
         self.runtime = runtime
         self.read_only = read_only
         self.host = ProxyHost(runtime, serve_sock, demo=runtime.demo) if serve_sock is not None else None
@@ -225,17 +232,24 @@ class OmniRouteApp(App[int]):
         """The one funnel for every worker's outcome (harlequin)."""
         worker = event.worker
         if event.state is WorkerState.SUCCESS and isinstance(worker.result, actions.Result):
-            self.notify(worker.result.summary(), title="Done")
+            self.notify(untrusted.visible(worker.result.summary()), title="Done", markup=False)
             self.feed.request()
         elif event.state is WorkerState.ERROR:
             error = worker.error
             if worker.group == "server":
                 self.exit(return_code=2, message=f"omniroute: {error}")
             elif isinstance(error, KeyError):
-                self.notify(f"{error.args[0]} no longer exists", severity="warning")
+                self.notify(
+                    untrusted.visible(f"{error.args[0]} no longer exists"), severity="warning", markup=False
+                )
                 self.feed.request()
             else:
-                self.notify(f"{type(error).__name__}: {error}", title="Action failed", severity="error")
+                self.notify(
+                    untrusted.visible(f"{type(error).__name__}: {error}"),
+                    title="Action failed",
+                    severity="error",
+                    markup=False,
+                )
 
     def table_action(self, tab: str, action: str) -> None:
         """Run a table's key from elsewhere (the command palette): show the tab, then act."""
@@ -290,19 +304,23 @@ def make_app(
     read_only: bool = False,
     serve_sock: socket.socket | None = None,
     clock_frozen: bool = False,
+    ascii_only: bool = False,
 ) -> OmniRouteApp:
     """The one factory: `run_tui`, the tests, the snapshots and the screenshots all build the app here.
 
     `serve_sock`: serve the proxy on it while the app runs. `clock_frozen`: no periodic tick, so
-    nothing moves by itself (snapshots and tests drive every redraw).
+    nothing moves by itself (snapshots and tests drive every redraw). `ascii_only`: draw in ASCII
+    (a terminal whose locale is not UTF-8).
     """
-    return OmniRouteApp(runtime, read_only=read_only, serve_sock=serve_sock, live=not clock_frozen)
+    return OmniRouteApp(
+        runtime, read_only=read_only, serve_sock=serve_sock, live=not clock_frozen, ascii_only=ascii_only
+    )
 
 
-def run_tui(options: serve.Options, *, read_only: bool = False) -> int:
+def run_tui(options: serve.Options, *, read_only: bool = False, ascii_only: bool = False) -> int:
     """`omniroute tui`: returns the exit code; a startup problem is one line on stderr, never a traceback."""
     try:
-        return asyncio.run(_run(options, read_only))
+        return asyncio.run(_run(options, read_only, ascii_only))
     except serve.StartupError as exc:
         print(f"omniroute: {exc}", file=sys.stderr)
         return 2
@@ -310,12 +328,12 @@ def run_tui(options: serve.Options, *, read_only: bool = False) -> int:
         return 130
 
 
-async def _run(options: serve.Options, read_only: bool) -> int:
+async def _run(options: serve.Options, read_only: bool, ascii_only: bool) -> int:
     async with serve.instance(options) as runtime:
         try:
             config = runtime.config.server
             sock = serve.bind_socket(config.host, config.port)
-            app = make_app(runtime, read_only=read_only, serve_sock=sock)
+            app = make_app(runtime, read_only=read_only, serve_sock=sock, ascii_only=ascii_only)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 loop.add_signal_handler(sig, app.call_later, app.action_quit)

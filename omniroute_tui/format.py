@@ -12,6 +12,8 @@ import math
 import time
 from typing import Final
 
+from omniroute_tui.untrusted import visible
+
 # Style classes, from healthy to switched off.
 OK: Final = "ok"
 WARN: Final = "warn"
@@ -118,5 +120,5 @@ def clip(text: str | None, width: int) -> str:
     """One line, at most `width` cells: error texts are long and may span lines."""
     if not text:
         return NONE
-    flat = " ".join(text.split())
+    flat = visible(" ".join(text.split()), limit=width)
     return flat if len(flat) <= width else flat[: width - 1] + "…"

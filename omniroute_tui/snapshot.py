@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from omniroute_tui import format as fmt
+from omniroute_tui.untrusted import visible
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
 from proxy.resilience.events import Event
 from proxy.resilience.lockout import LockoutEntry
@@ -39,8 +40,11 @@ class Column:
     key: str
     label: str
     width: int | None = None
-    """At least this many cells wide, never wider: for cells that change every second (countdowns),
-    so columns never jitter. None: as wide as the widest value seen."""
+    """At least this many cells wide: for cells that change every second (countdowns), so columns
+    never jitter. None: as wide as the widest value held, up to `cap`."""
+    cap: int = 32
+    """At most this many cells: a longer value ends in "…" (the detail pane shows it whole), so one
+    long name cannot push every other column off the screen."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +170,7 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     "lockouts": (
         Column("provider", "Provider"),
         Column("connection", "Connection"),
-        Column("model", "Model"),
+        Column("model", "Model", cap=40),
         Column("reason", "Reason"),
         Column("failures", "Failures"),
         Column("remaining", "Remaining", 9),
@@ -175,9 +179,9 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     "events": (
         Column("time", "Time"),
         Column("layer", "Layer"),
-        Column("key", "Key"),
+        Column("key", "Key", cap=40),
         Column("change", "From → to"),
-        Column("reason", "Reason"),
+        Column("reason", "Reason", cap=60),
     ),
 }
 
@@ -211,7 +215,7 @@ def breaker_row(provider: ProviderRuntime, now: float) -> Row:
     state = b.state(now).value
     retry = b.retry_after_ms(now)
     policy = b.policy
-    pid = provider.spec.id
+    pid = visible(provider.spec.id)
     cls = provider.spec.provider_class
     last = b.last_failure_at
     return Row(
@@ -260,7 +264,7 @@ def breaker_detail(provider: ProviderRuntime, now: float) -> Detail:
     for t in history:
         lines.append(
             (
-                f"{fmt.clock_time(t.ts)}  {t.from_state.value} → {t.to_state.value}  {t.reason}",
+                f"{fmt.clock_time(t.ts)}  {t.from_state.value} → {t.to_state.value}  {visible(t.reason)}",
                 fmt.BREAKER_STYLES[t.to_state.value],
             )
         )
@@ -268,7 +272,7 @@ def breaker_detail(provider: ProviderRuntime, now: float) -> Detail:
     # second would be repainted every second for nothing.
     retry = b.retry_after_ms(now)
     suffix = f" · probe at {fmt.clock_time(now + retry)}" if retry > 0 else ""
-    return Detail(f"{provider.spec.id} · {state}{suffix}", tuple(lines))
+    return Detail(f"{visible(provider.spec.id)} · {state}{suffix}", tuple(lines))
 
 
 # -- connections ----------------------------------------------------------------------------------
@@ -280,11 +284,12 @@ def connection_row(conn: ConnectionRuntime, now: float) -> Row:
     status = h.status(now)
     left = h.remaining_ms(now)
     limit = spec.max_concurrent
+    provider, cid = visible(spec.provider), visible(spec.id)
     return Row(
         key=spec.id,
         cells=(
-            spec.provider,
-            spec.id,
+            provider,
+            cid,
             status,
             fmt.countdown(left),
             str(h.backoff_level),
@@ -304,7 +309,7 @@ def connection_row(conn: ConnectionRuntime, now: float) -> Row:
         ),
         style=fmt.CONNECTION_STYLES[status],
         target=(spec.id,),
-        search=_search(spec.provider, spec.id, spec.name, status, h.last_error or ""),
+        search=_search(provider, cid, visible(spec.name), status, visible(h.last_error or "")),
     )
 
 
@@ -320,7 +325,7 @@ def connection_detail(
         code = f" · code {h.error_code}" if h.error_code is not None else ""
         lines.append(
             (
-                f"error type {h.last_error_type or fmt.NONE}{code} · at {fmt.clock_time(h.last_error_at)}",
+                f"error type {visible(h.last_error_type or fmt.NONE)}{code} · at {fmt.clock_time(h.last_error_at)}",
                 fmt.INFO,
             )
         )
@@ -329,20 +334,21 @@ def connection_detail(
     lines.append(
         (
             f"{until} · backoff level {h.backoff_level} · "
-            f"priority {spec.priority} · key {spec.masked_key or fmt.NONE}",
+            f"priority {spec.priority} · key {visible(spec.masked_key or fmt.NONE)}",
             fmt.INFO,
         )
     )
     for entry in engine.lockouts.for_connection(spec.provider, spec.id, now)[:3]:
         lines.append(
             (
-                f"locked model {entry.model} ({entry.reason}) until {fmt.clock_time(entry.expires_at)}",
+                f"locked model {visible(entry.model)} ({visible(entry.reason)}) "
+                f"until {fmt.clock_time(entry.expires_at)}",
                 fmt.WARN,
             )
         )
     lines.extend(_history_lines(history, "connection", spec.id))
     enabled = "" if h.enabled else " · disabled"
-    return Detail(f"{spec.id} ({spec.provider}) · {status}{enabled}", tuple(lines))
+    return Detail(f"{visible(spec.id)} ({visible(spec.provider)}) · {status}{enabled}", tuple(lines))
 
 
 # -- lockouts -------------------------------------------------------------------------------------
@@ -357,13 +363,14 @@ def lockout_key(provider: str, connection: str, model: str) -> str:
 
 def lockout_template(entry: LockoutEntry) -> Row:
     """Everything but the countdown, which `with_remaining` fills in for the rows on screen."""
-    reason = entry.reason if entry.status is None else f"{entry.reason} ({entry.status})"
+    reason = visible(entry.reason if entry.status is None else f"{entry.reason} ({entry.status})")
+    provider, cid, model = visible(entry.provider), visible(entry.connection_id), visible(entry.model)
     return Row(
         key=lockout_key(entry.provider, entry.connection_id, entry.model),
         cells=(
-            entry.provider,
-            entry.connection_id,
-            entry.model,
+            provider,
+            cid,
+            model,
             reason,
             str(entry.failure_count),
             "",
@@ -380,7 +387,7 @@ def lockout_template(entry: LockoutEntry) -> Row:
         ),
         style=fmt.WARN,
         target=(entry.provider, entry.connection_id, entry.model),
-        search=_search(entry.provider, entry.connection_id, entry.model, reason),
+        search=_search(provider, cid, model, reason),
     )
 
 
@@ -394,7 +401,7 @@ def lockout_detail(entry: LockoutEntry, history: Iterable[Entry]) -> Detail:
     status = f" ({entry.status})" if entry.status is not None else ""
     lines: list[tuple[str, str]] = [
         (
-            f"reason {entry.reason}{status} · failures in a row {entry.failure_count} · "
+            f"reason {visible(entry.reason)}{status} · failures in a row {entry.failure_count} · "
             f"last lock {fmt.duration(entry.last_cooldown_ms)}",
             fmt.WARN,
         ),
@@ -404,7 +411,9 @@ def lockout_detail(entry: LockoutEntry, history: Iterable[Entry]) -> Detail:
         ),
     ]
     lines.extend(_history_lines(history, "lockout", f"{entry.provider}:{entry.connection_id}:{entry.model}"))
-    return Detail(f"{entry.provider}/{entry.model} on {entry.connection_id}", tuple(lines))
+    return Detail(
+        f"{visible(entry.provider)}/{visible(entry.model)} on {visible(entry.connection_id)}", tuple(lines)
+    )
 
 
 # -- events ---------------------------------------------------------------------------------------
@@ -413,17 +422,18 @@ def lockout_detail(entry: LockoutEntry, history: Iterable[Entry]) -> Detail:
 def event_entry(event: Event) -> Entry:
     if event.layer == "operator":
         # The engine names operator actions by their CLI command; the reason is the source.
-        key, change, style = f"omniroute {event.key}", fmt.NONE, fmt.INFO
+        key, change, style = visible(f"omniroute {event.key}"), fmt.NONE, fmt.INFO
     else:
-        key = event.key.replace("\x1f", ":")
-        change = f"{event.from_} → {event.to}"
+        key = visible(event.key.replace("\x1f", ":"))
+        change = visible(f"{event.from_} → {event.to}")
         style = fmt.EVENT_STYLES.get(event.to, fmt.INFO)
+    reason = visible(event.reason)
     row = Row(
         key=f"e{event.seq:010d}",
-        cells=(fmt.clock_time(event.ts), event.layer, key, change, event.reason),
-        sort_keys=(event.ts, event.layer, key, change, event.reason),
+        cells=(fmt.clock_time(event.ts), visible(event.layer), key, change, reason),
+        sort_keys=(event.ts, event.layer, key, change, reason),
         style=style,
-        search=_search(event.layer, key, change, event.reason),
+        search=_search(event.layer, key, change, reason),
     )
     return Entry(row, event.layer, event.key)
 
@@ -433,10 +443,10 @@ def log_entry(n: int, ts: float, logger: str, level: str, message: str) -> Entry
     text = fmt.clip(message, 300)
     row = Row(
         key=f"l{n:010d}",
-        cells=(fmt.clock_time(ts), "log", logger, level, text),
+        cells=(fmt.clock_time(ts), "log", visible(logger), visible(level), text),
         sort_keys=(ts, "log", logger, level, text),
         style=style,
-        search=_search("log", logger, level, text),
+        search=_search("log", visible(logger), level, text),
     )
     return Entry(row, "log", logger)
 
@@ -480,7 +490,7 @@ def tile(provider: ProviderRuntime, now: float) -> Tile:
         text = "probe"
     else:
         text = f"{b.failure_count}/{b.policy.failure_threshold}"
-    return Tile(provider.spec.id, state, text, fmt.BREAKER_STYLES[state])
+    return Tile(visible(provider.spec.id), state, text, fmt.BREAKER_STYLES[state])
 
 
 def overview(
@@ -498,7 +508,7 @@ def overview(
         Row(
             key=c.spec.id,
             cells=(
-                c.spec.id,
+                visible(c.spec.id),
                 c.health.status(now),
                 fmt.countdown(c.health.remaining_ms(now)),
                 fmt.clip(c.health.last_error, 60),
@@ -511,7 +521,12 @@ def overview(
     lockouts = tuple(
         Row(
             key=e.key,
-            cells=(f"{e.provider}/{e.model}", fmt.countdown(e.remaining_ms(now)), e.connection_id, e.reason),
+            cells=(
+                visible(f"{e.provider}/{e.model}"),
+                fmt.countdown(e.remaining_ms(now)),
+                visible(e.connection_id),
+                visible(e.reason),
+            ),
             sort_keys=(),
             style=fmt.WARN,
         )
@@ -537,8 +552,8 @@ def header(
     # The current second is still filling up: the last complete one is the honest rate.
     stats = engine.stats
     return Header(
-        url=url,
-        version=version,
+        url=visible(url),
+        version=visible(version),
         uptime=fmt.duration(now - engine.started_at),
         rates=tuple(rates[:-1]),
         rate_now=fmt.rate(rates[-2] if len(rates) > 1 else 0),

@@ -17,6 +17,7 @@ import ipaddress
 import os
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -290,6 +291,17 @@ def _mode(path: Path) -> int | None:
 # --- the reader ----------------------------------------------------------------------------------
 
 
+def _has_control(text: str) -> bool:
+    """Control or format characters (ESC, newline, tab, bidi overrides, zero-width): a name holding
+    one would rewrite the terminal it is shown on, or read as another name."""
+    return not text.isprintable() and any(unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
+def _shown(value: str) -> str:
+    """A config value quoted for a problem message: escaped (repr) and short."""
+    return repr(value[:60]) + ("…" if len(value) > 60 else "")
+
+
 def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
@@ -386,11 +398,19 @@ class _Reader:
                 self.problem(f"{key}[{i}]", f"must be a non-empty string (got {what})")
         return tuple(items)
 
+    def name(self, t: Mapping[str, Any], where: str) -> str | None:
+        """A display name: any printable text, so that it reads the same on every screen."""
+        value = self.str_(t, where, "name")
+        if value is not None and _has_control(value):
+            self.problem(_join(where, "name"), f"must not contain control characters (got {_shown(value)})")
+            return None
+        return value
+
     def ident(self, value: str, key: str, what: str) -> None:
         if not _ID_RE.fullmatch(value):
             self.problem(
                 key,
-                f"{what} '{value}' must start with a letter or digit "
+                f"{what} {_shown(value)} must start with a letter or digit "
                 "and use only letters, digits, '.', '_' and '-'",
             )
 
@@ -561,7 +581,7 @@ class _Reader:
         return ConnectionConfig(
             id=cid,
             provider=pid,
-            name=self.str_(t, w, "name") or cid,
+            name=self.name(t, w) or cid,
             api_key=resolved,
             api_key_env=api_key_env,
             priority=self.int_(t, w, "priority", 100, 0, 1_000_000),

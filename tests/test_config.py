@@ -414,6 +414,21 @@ def test_fingerprint_follows_the_key_and_repr_hides_it() -> None:
             id="bad-connection-id",
         ),
         pytest.param(
+            MINIMAL_PROVIDER.replace('id = "openai-main"', 'id = "a\\u001b]0;x\\u0007"'),
+            "providers.openai.connections[0].id: connection id 'a\\x1b]0;x\\x07' must start with",
+            id="id-with-escape-shown-escaped",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + 'name = "main\\tkey\\u001b[2J"\n',
+            "providers.openai.connections[0].name: must not contain control characters (got 'main\\tkey\\x1b[2J')",
+            id="name-with-control-characters",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER + 'name = "rtl\\u202egnp"\n',
+            "providers.openai.connections[0].name: must not contain control characters (got 'rtl\\u202egnp')",
+            id="name-with-bidi-override",
+        ),
+        pytest.param(
             MINIMAL_PROVIDER + "max_concurrent = 0\n",
             "providers.openai.connections[0].max_concurrent: must be an integer between 1 and 10,000 (got 0)",
             id="max-concurrent",

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from typer.core import TyperGroup
 
 from omniroute_tui.cli.exit_codes import ExitCode, click_error, exit_code_for, message_for
+from omniroute_tui.untrusted import visible
 
 __all__ = ["Edge", "fail"]
 
@@ -25,7 +26,7 @@ def fail(exc: BaseException) -> NoReturn:
     """Print the one-line message for `exc` and exit with its code."""
     if os.environ.get("OMNIROUTE_DEBUG") and not click_error(exc):
         traceback.print_exception(exc, file=sys.stderr)
-    sys.stderr.write(f"omniroute: {message_for(exc)}\n")
+    sys.stderr.write(f"omniroute: {visible(message_for(exc))}\n")
     sys.stderr.flush()
     sys.exit(int(exit_code_for(exc)))
 

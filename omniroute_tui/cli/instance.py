@@ -6,6 +6,7 @@ uvicorn, Starlette and Textual are imported inside these commands only.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated
 
@@ -71,8 +72,19 @@ def tui(
 
     Example: [bold]omniroute tui --demo[/bold] (simulated upstreams: every layer moves within a minute)
     """
+    from omniroute_tui import terminal
+
+    problem = terminal.refusal(os.environ, sys.stdin, sys.stdout)
+    if problem is not None:
+        typer.echo(f"omniroute: {problem}", err=True)
+        raise typer.Exit(2)
+
     from omniroute_tui.app import run_tui
     from proxy.serve import Options
 
-    code = run_tui(Options(config=config, state=state, host=host, port=port, demo=demo), read_only=read_only)
+    code = run_tui(
+        Options(config=config, state=state, host=host, port=port, demo=demo),
+        read_only=read_only,
+        ascii_only=terminal.wants_ascii(os.environ),
+    )
     raise typer.Exit(code)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from omniroute_tui import format as fmt
+from omniroute_tui.untrusted import visible
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -60,8 +61,8 @@ def emit(data: object, *, json_: bool, human: Callable[[], RenderableType | None
 
 
 def note(text: str) -> None:
-    """A message for the person at the terminal, on stderr (never mixed into the data)."""
-    sys.stderr.write(text + "\n")
+    """A message for the person at the terminal, on stderr (never mixed into the data), one line."""
+    sys.stderr.write(visible(text) + "\n")
     sys.stderr.flush()
 
 
@@ -97,7 +98,7 @@ def cell(value: object, style: str = "") -> Text:
 
     if value is None or value == "":
         return Text(fmt.NONE, style="dim")
-    return Text(str(value), style=style)
+    return Text(visible(str(value)), style=style)
 
 
 def state_cell(state: str) -> Text:

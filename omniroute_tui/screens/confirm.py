@@ -24,7 +24,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, classes="dialog-question")
+            yield Static(self.question, classes="dialog-question", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("No (n)", variant="primary", id="no")

@@ -7,6 +7,7 @@ the three lists are `LinesView`s, whose countdowns repaint without a Rich layout
 
 from __future__ import annotations
 
+from rich.cells import cell_len, set_cell_size
 from rich.columns import Columns
 from rich.console import RenderableType
 from rich.text import Text
@@ -17,6 +18,9 @@ from textual.widgets import Static
 from omniroute_tui import format as fmt
 from omniroute_tui.snapshot import Overview, Row, Tile
 from omniroute_tui.widgets.lines import Line, LinesView, line
+
+TILE_NAME = 20
+"""Cells of a provider name on its tile: a longer one ends in "…", so tiles stay side by side."""
 
 
 class OverviewPane(Vertical):
@@ -64,11 +68,13 @@ def tiles(items: tuple[Tile, ...]) -> RenderableType:
     blocks = []
     for t in items:
         status = f"{t.state} {t.text}"
-        width = max(len(t.provider), len(status)) + 2
+        provider = fmt.clip(t.provider, TILE_NAME)
+        width = max(cell_len(provider), len(status)) + 2
         style = fmt.TILE_COLOURS[t.style]
         blocks.append(
             Text.assemble(
-                (f" {t.provider:<{width - 1}}\n", f"{style} bold"), (f" {status:<{width - 1}}", style)
+                (f" {set_cell_size(provider, width - 1)}\n", f"{style} bold"),
+                (f" {status:<{width - 1}}", style),
             )
         )
     return Columns(blocks, padding=(0, 1))

@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from omniroute_tui import format as fmt
 from omniroute_tui.snapshot import COLUMNS, Detail, TableSnapshot
+from omniroute_tui.untrusted import visible
 from omniroute_tui.widgets.tables import ResourceTable
 from proxy.runtime import Runtime
 
@@ -33,7 +34,7 @@ class DetailPanel(Static):
         for line, style in detail.lines:
             text.append(line + "\n", style=fmt.ROW_COLOURS[style])
         text.rstrip()
-        self.border_title = detail.title
+        self.border_title = Text(detail.title)  # a str would be read as markup
         self.update(text, layout=False)  # the pane's height is set by CSS, whatever it holds
 
 
@@ -68,7 +69,8 @@ def caption(snapshot: TableSnapshot) -> Text:
     text = Text()
     text.append(f"{fmt.count(snapshot.total)} {snapshot.name}", style="bold")
     if view.filter.strip():
-        text.append(f" · filter “{view.filter.strip()}”: {fmt.count(matched)} match", style="yellow")
+        shown = visible(view.filter.strip(), limit=40)
+        text.append(f" · filter “{shown}”: {fmt.count(matched)} match", style="yellow")
     if len(snapshot.rows) < matched:
         text.append(f" · showing the first {fmt.count(len(snapshot.rows))}", style="yellow")
     text.append(f" · sorted by {column} {'▼' if view.reverse else '▲'}", style="dim")

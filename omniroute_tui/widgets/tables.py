@@ -101,6 +101,8 @@ class ResourceTable(ScrollView, can_focus=True):
         self._index: dict[str, int] = {}
         self._columns = COLUMNS[self.TABLE]
         self._widths = [max(cell_len(c.label), c.width or 0) + 2 * PADDING for c in self._columns]
+        self._measured: dict[str, tuple[Row, tuple[int, ...]]] = {}
+        """Each held row's cell widths, by key, for as long as the row object is the same."""
         self._layout = 0
         """Bumped whenever the column widths change: every cached line is stale then."""
         self.cursor = 0
@@ -130,34 +132,28 @@ class ResourceTable(ScrollView, can_focus=True):
         before = self.selected_row
         old = self.snapshot
         changed = old is None or old.view != snapshot.view or len(self.rows) != len(snapshot.rows)
-        widths = self._widths
-        grew = False
         rows = list(snapshot.rows)
         current = self.rows
         for i, row in enumerate(rows):
             if i < len(current) and (current[i] is row or current[i] == row):
                 rows[i] = current[i]  # an equal row keeps its object, and so its drawn line
-                continue
-            changed = True
-            for c, text in enumerate(row.cells):
-                if cell_len(text) + 2 * PADDING > widths[c] and self._columns[c].width is None:
-                    widths[c] = cell_len(text) + 2 * PADDING
-                    grew = True
-        sorted_by = snapshot.view.sort  # its label gets an arrow
-        if (room := cell_len(self._columns[sorted_by].label) + 2 + 2 * PADDING) > widths[sorted_by]:
-            widths[sorted_by] = room
-            grew = True
+            else:
+                changed = True
         self.snapshot = snapshot
         if not changed:
             return
         previous, cursor, scroll = self.rows, self.cursor, self.scroll_offset
         self.rows = rows
         self._index = {row.key: i for i, row in enumerate(self.rows)}
-        relaid = grew or old is None or old.view != snapshot.view
+        widths = self._fit(rows, snapshot.view.sort)
+        relaid = widths != self._widths or old is None or old.view != snapshot.view
         if relaid:
+            self._widths = widths
             self._layout += 1
         for key in self._lines.keys() - self._index.keys():
             del self._lines[key]
+        for key in self._measured.keys() - self._index.keys():
+            del self._measured[key]
         self.virtual_size = Size(sum(widths), len(self.rows) + 1)
         if before is not None and before.key in self._index:
             self.cursor = self._index[before.key]
@@ -174,6 +170,23 @@ class ResourceTable(ScrollView, can_focus=True):
             bottom = min(top + max(self.size.height - 1, 0), len(rows))
             self._repaint([i - top + 1 for i in range(top, bottom) if rows[i] is not previous[i]])
         self._announce()
+
+    def _fit(self, rows: list[Row], sorted_by: int) -> list[int]:
+        """Column widths for these rows: each as wide as its widest cell among the rows held, at
+        least its label (with the sort arrow on the sorted column), at most its cap. Recomputed
+        from the rows, never only grown: a long name filtered out gives its room back."""
+        measured = self._measured
+        found = [cell_len(c.label) for c in self._columns]
+        found[sorted_by] += 2  # " ▲"
+        for row in rows:
+            cached = measured.get(row.key)
+            if cached is None or cached[0] is not row:
+                cached = measured[row.key] = (row, tuple(cell_len(text) for text in row.cells))
+            found = [max(a, b) for a, b in zip(found, cached[1], strict=False)]
+        return [
+            (max(column.width, n) if column.width is not None else min(n, column.cap)) + 2 * PADDING
+            for column, n in zip(self._columns, found, strict=True)
+        ]
 
     def _repaint(self, lines: list[int]) -> None:
         """Mark `lines` (ascending, 0 is the header) dirty, as few regions as there are runs."""

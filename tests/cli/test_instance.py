@@ -14,12 +14,15 @@ from tests.cli.conftest import run
 
 @pytest.fixture
 def fake_console(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Options, bool]]:
-    """A stand-in `omniroute_tui.app` whose run_tui records its call and returns 7."""
+    """A stand-in `omniroute_tui.app` whose run_tui records its call and returns 7, on a terminal
+    that can (CliRunner's streams are not ttys; test_terminal.py runs the real refusal)."""
     calls: list[tuple[Options, bool]] = []
 
-    def run_tui(options: Options, *, read_only: bool = False) -> int:
+    def run_tui(options: Options, *, read_only: bool = False, ascii_only: bool = False) -> int:
         calls.append((options, read_only))
         return 7
+
+    monkeypatch.setattr("omniroute_tui.terminal.refusal", lambda env, stdin, stdout: None)
 
     module: Any = types.ModuleType("omniroute_tui.app")
     module.run_tui = run_tui

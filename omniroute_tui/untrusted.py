@@ -1,0 +1,64 @@
+"""The one boundary for text the program did not write itself.
+
+Model names come from any client of `/v1`; provider, connection and key names from config
+files; error messages, event reasons and log lines from upstream bodies. Any of them may hold
+an escape sequence (`\\x1b]0;title\\x07` retitles the operator's terminal), a newline or a tab
+(which break the rows and columns around them), bidirectional overrides and zero-width
+characters (which make a name read as another), or be ten kilobytes long.
+
+`visible()` turns such text into one line of plain, printable characters: every control or
+format character is written out as a visible escape (`\\x1b`, `\\u202e`, `↵` for a line break,
+`⇥` for a tab), never passed through, and very long text is cut. The console's read model
+(`snapshot.py`) and the CLI's table cells pass every foreign string through it once; widgets
+then draw it as plain text (segments, `Text`, `markup=False`), never as markup.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from functools import lru_cache
+from typing import Final
+
+MAX_CHARS: Final = 2_000
+"""Longer text is cut (a detail pane shows at most this; a table cell far less)."""
+
+UNICODE_MARKS: Final = {"newline": "↵", "tab": "⇥", "more": "…"}
+ASCII_MARKS: Final = {"newline": "\\n", "tab": "\\t", "more": "..."}
+
+_marks: dict[str, str] = UNICODE_MARKS
+
+
+def use_ascii(ascii_only: bool) -> None:
+    """Write the marks for line breaks, tabs and cut text in ASCII (a terminal without UTF-8)."""
+    global _marks
+    _marks = ASCII_MARKS if ascii_only else UNICODE_MARKS
+    _escaped.cache_clear()
+
+
+def visible(text: str, limit: int = MAX_CHARS) -> str:
+    """`text` as one line of printable characters, at most `limit` characters (plus a mark)."""
+    if len(text) > limit:
+        text = text[:limit] + _marks["more"]
+    if text.isprintable():  # the common case, in C: plain names pay almost nothing
+        return text
+    return _escaped(text)
+
+
+@lru_cache(maxsize=4096)
+def _escaped(text: str) -> str:
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text.replace("\r\n", "\n"))
+
+
+def _escape(ch: str) -> str:
+    if ch == "\n" or ch in "\u2028\u2029":
+        return _marks["newline"]
+    if ch == "\t":
+        return _marks["tab"]
+    if unicodedata.category(ch) == "Zs":  # no-break and other-width spaces: harmless, but one cell
+        return " "
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
