@@ -23,7 +23,7 @@ from proxy.resilience.cooldown import ConnectionHealth
 from proxy.resilience.events import Event, EventBus
 from proxy.resilience.hints import parse_retry_hint
 from proxy.resilience.limiter import RequestLimiter
-from proxy.resilience.lockout import LockoutEntry, LockoutTable
+from proxy.resilience.lockout import NOT_FOUND, LockoutEntry, LockoutTable
 from proxy.resilience.outcome import Outcome, OutcomeKind, ProviderClass
 from proxy.resilience.restate import RestatementRule, restate, rules_for
 from proxy.resilience.semaphore import ConnectionSemaphore
@@ -123,6 +123,8 @@ class Skip:
     """Epoch ms when this recovers by itself; None when it never will (operator action needed)."""
     waitable: bool
     """May cooldown-aware waiting wait for it? (short, transient reasons only)."""
+    lock_reason: str | None = None
+    """For `locked`: the lock's own reason (not_found, rate_limited...)."""
 
     def to_dict(self, now: float) -> dict[str, Any]:
         return {
@@ -154,6 +156,13 @@ class NoTarget:
         """Every candidate is blocked for a short transient reason (cooldown-aware waiting applies)."""
         relevant = [s for s in self.skips if s.reason != "already_tried"]
         return bool(relevant) and all(s.waitable for s in relevant)
+
+    @property
+    def not_found_only(self) -> bool:
+        """Every candidate is locked because the upstream answered 404 for the model: the answer is
+        a 404, never a 429 (resilience.md §7), since no wait makes the model exist."""
+        relevant = [s for s in self.skips if s.reason != "already_tried"]
+        return bool(relevant) and all(s.lock_reason == NOT_FOUND for s in relevant)
 
     @property
     def breaker_only(self) -> bool:
@@ -442,8 +451,8 @@ class Engine:
                 elif status != "active":
                     yield Skip(name, cid, status, None, False)
                 elif entry is not None and entry.remaining_ms(now) > 0:
-                    waitable = entry.reason not in ("not_found", "model_not_found", "quota")
-                    yield Skip(name, cid, "locked", entry.expires_at, waitable)
+                    waitable = entry.reason not in (NOT_FOUND, "model_not_found", "quota")
+                    yield Skip(name, cid, "locked", entry.expires_at, waitable, entry.reason)
                 elif cid in tried:
                     yield Skip(name, cid, "already_tried", None, False)
 

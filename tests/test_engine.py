@@ -317,3 +317,24 @@ def test_changed_credential_clears_terminal_state_on_restore() -> None:
     )
     fresh.restore(stored)
     assert fresh.connections["oa-1"].health.status(clock.now()) == "active"
+
+
+def test_a_target_locked_only_for_not_found_is_not_found_not_waitable() -> None:
+    clock = FakeClock()
+    engine = make_engine(clock, lockout=True)
+    for conn in ("oa-1", "oa-2"):
+        engine.record(pick(engine, Target("openai", "made-up", conn)), Outcome.http(404))
+    decision = engine.select([Target("openai", "made-up")])
+    assert isinstance(decision, NoTarget)
+    assert [(s.reason, s.lock_reason) for s in decision.skips] == [
+        ("locked", "not_found"),
+        ("locked", "not_found"),
+    ]
+    assert decision.not_found_only is True
+    assert decision.all_waitable is False
+
+    # One candidate that will recover by itself (a quota lock on a local model) makes it a 429 again.
+    engine.record(pick(engine, Target("ollama", "made-up")), Outcome.http(429))
+    both = engine.select([Target("openai", "made-up"), Target("ollama", "made-up")])
+    assert isinstance(both, NoTarget)
+    assert both.not_found_only is False

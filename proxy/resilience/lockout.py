@@ -19,6 +19,8 @@ from proxy.resilience.timefmt import iso
 DEFAULT_LOCKOUT_ERROR_CODES: tuple[int, ...] = (403, 404, 429, 502, 503, 504)
 ESCALATION_GRACE_MS = 30 * 60 * 1000
 MAX_LOCKOUT_ENTRIES = 10_000
+NOT_FOUND = "not_found"
+"""The classifier's reason for a 404: the model is not served, whatever name the client chose."""
 
 LOCKED = "locked"
 UNLOCKED = "unlocked"
