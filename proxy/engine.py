@@ -23,7 +23,13 @@ from proxy.resilience.cooldown import ConnectionHealth
 from proxy.resilience.events import Event, EventBus
 from proxy.resilience.hints import parse_retry_hint
 from proxy.resilience.limiter import RequestLimiter
-from proxy.resilience.lockout import LockoutEntry, LockoutTable
+from proxy.resilience.lockout import (
+    MAX_LOCKOUT_ENTRIES,
+    NOT_FOUND,
+    LockoutEntry,
+    LockoutTable,
+    LockoutTableStatus,
+)
 from proxy.resilience.outcome import Outcome, OutcomeKind, ProviderClass
 from proxy.resilience.restate import RestatementRule, restate, rules_for
 from proxy.resilience.semaphore import ConnectionSemaphore
@@ -123,6 +129,8 @@ class Skip:
     """Epoch ms when this recovers by itself; None when it never will (operator action needed)."""
     waitable: bool
     """May cooldown-aware waiting wait for it? (short, transient reasons only)."""
+    lock_reason: str | None = None
+    """For `locked`: the lock's own reason (not_found, rate_limited...)."""
 
     def to_dict(self, now: float) -> dict[str, Any]:
         return {
@@ -154,6 +162,13 @@ class NoTarget:
         """Every candidate is blocked for a short transient reason (cooldown-aware waiting applies)."""
         relevant = [s for s in self.skips if s.reason != "already_tried"]
         return bool(relevant) and all(s.waitable for s in relevant)
+
+    @property
+    def not_found_only(self) -> bool:
+        """Every candidate is locked because the upstream answered 404 for the model: the answer is
+        a 404, never a 429 (resilience.md §7), since no wait makes the model exist."""
+        relevant = [s for s in self.skips if s.reason != "already_tried"]
+        return bool(relevant) and all(s.lock_reason == NOT_FOUND for s in relevant)
 
     @property
     def breaker_only(self) -> bool:
@@ -217,7 +232,7 @@ class Engine:
         clock: Clock | None = None,
         bus: EventBus | None = None,
         probe_timeout_ms: float = 120_000,
-        max_lockouts: int = 10_000,
+        max_lockouts: int = MAX_LOCKOUT_ENTRIES,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.bus = bus or EventBus()
@@ -226,7 +241,7 @@ class Engine:
         self.probe_timeout_ms = probe_timeout_ms
         self.stats = RequestStats()
         self.started_at = self.clock.now()
-        self.lockouts = LockoutTable(max_entries=max_lockouts, emit=self._emit)
+        self.lockouts = LockoutTable(max_entries=max_lockouts, emit=self._emit, on_drop=self._lockout_dropped)
         self.providers: dict[str, ProviderRuntime] = {}
         self.connections: dict[str, ConnectionRuntime] = {}
         self.pins: dict[str, tuple[str, float]] = {}
@@ -259,6 +274,11 @@ class Engine:
 
     def _emit(self, event: Event) -> None:
         self.bus.publish(event)
+
+    def _lockout_dropped(self, key: tuple[str, str, str]) -> None:
+        # An entry the table evicted or pruned by itself: the next persist() deletes its row, so a
+        # restart does not bring it back.
+        self._dirty_lockouts.add(key)
 
     def restore(self, state: StoredState) -> None:
         """Load persisted state (at start, before traffic). Emits nothing."""
@@ -442,8 +462,8 @@ class Engine:
                 elif status != "active":
                     yield Skip(name, cid, status, None, False)
                 elif entry is not None and entry.remaining_ms(now) > 0:
-                    waitable = entry.reason not in ("not_found", "model_not_found", "quota")
-                    yield Skip(name, cid, "locked", entry.expires_at, waitable)
+                    waitable = entry.reason not in (NOT_FOUND, "model_not_found", "quota")
+                    yield Skip(name, cid, "locked", entry.expires_at, waitable, entry.reason)
                 elif cid in tried:
                     yield Skip(name, cid, "already_tried", None, False)
 
@@ -656,6 +676,14 @@ class Engine:
         now = self.clock.now()
         return [e.to_api(now) for e in self.lockouts.active(now)]
 
+    def lockout_table_status(self) -> LockoutTableStatus:
+        """How full the lockout table is: `size` of `capacity` entries (`full` when equal), how many
+        are `not_found` locks (each provider+connection keeps at most `not_found_budget`), and since
+        the start how many `not_found` entries were `evicted` and how many new locks were `refused`
+        because the table was full of other active locks. O(1): cheap enough for every console tick.
+        `.to_api()` is the `lockoutTable` object of `GET /api/monitoring/health`."""
+        return self.lockouts.status()
+
     def health_api(self, version: str) -> dict[str, object]:
         now = self.clock.now()
         counts = {"open": 0, "halfOpen": 0, "degraded": 0, "closed": 0}
@@ -694,6 +722,7 @@ class Engine:
             "providerHealth": provider_health,
             "connections": conn_counts,
             "lockouts": [e.to_api(now) for e in self.lockouts.active(now)],
+            "lockoutTable": self.lockout_table_status().to_api(),
             "requests": self.stats.to_api(),
         }
 

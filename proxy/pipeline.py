@@ -373,12 +373,21 @@ class Pipeline:
         relevant = [s for s in decision.skips if s.reason != "already_tried"]
         if not relevant and progress.last_error is not None:
             return progress.last_error
+        last = progress.last_error
+        if decision.not_found_only and last is not None and last.status_code == 404:
+            return last  # this request's own 404 locked the model: the client gets the upstream's answer
         skipped = [s.to_dict(now) for s in decision.skips]
         why = "; ".join(
             f"{s.target}{'@' + s.connection_id if s.connection_id else ''}: {s.reason}"
             + (f" (retry in {max(0, int(s.retry_at - now))} ms)" if s.retry_at is not None else "")
             for s in decision.skips
         )
+        if decision.not_found_only:
+            # resilience.md §7: a model that every candidate answered 404 for is not found, and no
+            # Retry-After would make it appear; a 429 would only invite the client to retry.
+            return error_response(
+                404, f"no target serves this model: {why}", "model_not_found", skipped=skipped
+            )
         recovery = decision.earliest_recovery
         if decision.breaker_only and recovery is not None:
             retry = max(1, math.ceil((recovery - now) / 1000))

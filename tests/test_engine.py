@@ -10,6 +10,7 @@ import pytest
 from proxy.engine import Attempt, ConnectionSpec, Engine, NoTarget, ProviderSpec, Target
 from proxy.resilience.breaker import BreakerState
 from proxy.resilience.clock import FakeClock
+from proxy.resilience.lockout import MAX_LOCKOUT_ENTRIES, NOT_FOUND_BUDGET, LockoutTableStatus
 from proxy.resilience.outcome import Outcome
 from proxy.settings import Settings
 from proxy.store import MemoryStore, SqliteStore, StateStore
@@ -317,3 +318,93 @@ def test_changed_credential_clears_terminal_state_on_restore() -> None:
     )
     fresh.restore(stored)
     assert fresh.connections["oa-1"].health.status(clock.now()) == "active"
+
+
+# -- client-chosen model names and the lockout table (issue #20 item 6) ------------------------------
+
+
+def made_up_404s(engine: Engine, names: range, connection: str = "oa-1") -> None:
+    """What a client asking for `openai/made-up-<n>` does: one 404 on `connection` per name."""
+    for n in names:
+        engine.record(pick(engine, Target("openai", f"made-up-{n}", connection)), Outcome.http(404))
+
+
+def test_made_up_names_keep_within_the_budget_and_evicted_rows_leave_the_store() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    engine = make_engine(clock, store, lockout=True)
+    engine.record(pick(engine, Target("ollama", "llama3")), Outcome.http(429))  # a real (quota) lock
+    made_up_404s(engine, range(NOT_FOUND_BUDGET))
+    engine.persist()
+    assert len(store.load().lockouts) == NOT_FOUND_BUDGET + 1
+
+    clock.advance(1_000)
+    made_up_404s(engine, range(NOT_FOUND_BUDGET, NOT_FOUND_BUDGET + 10))
+    engine.persist()
+    rows = {(r["connection_id"], r["model"]) for r in store.load().lockouts}
+    assert rows == {("ol-1", "llama3")} | {("oa-1", f"made-up-{n}") for n in range(10, NOT_FOUND_BUDGET + 10)}
+    assert engine.lockout_table_status() == LockoutTableStatus(
+        size=NOT_FOUND_BUDGET + 1,
+        capacity=MAX_LOCKOUT_ENTRIES,
+        not_found=NOT_FOUND_BUDGET,
+        not_found_budget=NOT_FOUND_BUDGET,
+        evicted=10,
+        refused=0,
+    )
+    assert engine.health_api("test")["lockoutTable"] == {
+        "size": NOT_FOUND_BUDGET + 1,
+        "capacity": MAX_LOCKOUT_ENTRIES,
+        "full": False,
+        "notFound": NOT_FOUND_BUDGET,
+        "notFoundBudget": NOT_FOUND_BUDGET,
+        "evicted": 10,
+        "refused": 0,
+    }
+
+
+def test_an_over_budget_store_is_trimmed_on_restore_and_the_store_follows() -> None:
+    clock = FakeClock()
+    store = MemoryStore()
+    records = [  # a store from before the budget: 120 not_found rows for oa-1
+        {
+            "provider": "openai",
+            "connection_id": "oa-1",
+            "model": f"made-up-{n}",
+            "reason": "not_found",
+            "status": 404,
+            "failure_count": 1,
+            "locked_at": clock.now() + n,
+            "expires_at": clock.now() + n + 120_000,
+            "last_cooldown_ms": 120_000.0,
+            "last_failure_at": clock.now() + n,
+        }
+        for n in range(NOT_FOUND_BUDGET + 20)
+    ]
+    store.save_lockouts(records, [])
+    engine = make_engine(clock, store, lockout=True)
+    engine.restore(store.load())
+    assert len(engine.lockouts) == NOT_FOUND_BUDGET
+    engine.persist()
+    kept = sorted(r["model"] for r in store.load().lockouts)
+    assert kept == sorted(f"made-up-{n}" for n in range(20, NOT_FOUND_BUDGET + 20))
+
+
+def test_a_target_locked_only_for_not_found_is_not_found_not_waitable() -> None:
+    clock = FakeClock()
+    engine = make_engine(clock, lockout=True)
+    for conn in ("oa-1", "oa-2"):
+        engine.record(pick(engine, Target("openai", "made-up", conn)), Outcome.http(404))
+    decision = engine.select([Target("openai", "made-up")])
+    assert isinstance(decision, NoTarget)
+    assert [(s.reason, s.lock_reason) for s in decision.skips] == [
+        ("locked", "not_found"),
+        ("locked", "not_found"),
+    ]
+    assert decision.not_found_only is True
+    assert decision.all_waitable is False
+
+    # One candidate that will recover by itself (a quota lock on a local model) makes it a 429 again.
+    engine.record(pick(engine, Target("ollama", "made-up")), Outcome.http(429))
+    both = engine.select([Target("openai", "made-up"), Target("ollama", "made-up")])
+    assert isinstance(both, NoTarget)
+    assert both.not_found_only is False

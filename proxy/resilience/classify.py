@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from proxy.resilience.lockout import LockoutSettings
+from proxy.resilience.lockout import NOT_FOUND, LockoutSettings
 from proxy.resilience.outcome import Outcome, OutcomeKind
 
 
@@ -122,7 +122,7 @@ _EXPIRED_V = Verdict(_B.NONE, _C.EXPIRED, _L.NONE, True, "expired", False)
 _MODEL_QUOTA = Verdict(_B.NONE, _C.NONE, _L.LOCK, True, "rate_limited", True)
 _RATE_LIMITED = _pair(_B.NONE, _C.COOLDOWN, "rate_limited")
 _FORBIDDEN = _pair(_B.NONE, _C.NONE, "forbidden")
-_NOT_FOUND = _pair(_B.NONE, _C.NONE, "not_found", transient=False)
+_NOT_FOUND = _pair(_B.NONE, _C.NONE, NOT_FOUND, transient=False)
 _MODEL_NOT_FOUND = Verdict(_B.NONE, _C.NONE, _L.NONE, True, "model_not_found", False)
 _CONTEXT = Verdict(_B.NONE, _C.NONE, _L.NONE, True, "context_length", False)
 _CLIENT_ERROR = Verdict(_B.NONE, _C.NONE, _L.NONE, False, "client_error", False)

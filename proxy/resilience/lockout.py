@@ -5,11 +5,21 @@ The scope is the triple provider:connection:model. A lock is a deadline, so reco
 the table after it expires, because its failure count and timestamps decide whether the next
 failure escalates; it leaves on success decay, on an operator re-enable, or when a full table
 prunes it. The table never classifies: the caller decides that an outcome locks (section 4).
+
+Clients choose model names (`provider/<anything>`), so `not_found` locks are the one kind a client
+can mint at will. They share a budget per provider+connection (`NOT_FOUND_BUDGET`): a new one beyond
+it evicts that connection's least recently failed `not_found` entry, and a full table makes room
+for any new lock by evicting the least recently failed `not_found` entry anywhere. A flood of
+made-up names thus costs at most one upstream 404 per evicted name, and never crowds out the locks
+that stand for real trouble (rate limits, server errors, forbidden models), which are never evicted.
+Every entry that leaves the table behind its caller's back (evicted, pruned, or not restored) is
+reported through `on_drop`, so the persisted copy forgets it too.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -19,6 +29,17 @@ from proxy.resilience.timefmt import iso
 DEFAULT_LOCKOUT_ERROR_CODES: tuple[int, ...] = (403, 404, 429, 502, 503, 504)
 ESCALATION_GRACE_MS = 30 * 60 * 1000
 MAX_LOCKOUT_ENTRIES = 10_000
+NOT_FOUND = "not_found"
+"""The classifier's reason for a 404: the model is not served, whatever name the client chose."""
+NOT_FOUND_BUDGET = 100
+"""At most this many `not_found` entries per provider+connection; the least recently failed goes first.
+
+A real connection rarely has more than a few dozen models it was asked for by mistake, and a lock
+that is evicted costs only one more upstream 404 the next time its name is asked for."""
+
+EVICTED_OVER_BUDGET = "evicted_not_found_budget"
+EVICTED_FOR_ROOM = "evicted_table_full"
+REFUSED_TABLE_FULL = "lockout_table_full"
 
 LOCKED = "locked"
 UNLOCKED = "unlocked"
@@ -122,6 +143,40 @@ class LockoutEntry:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LockoutTableStatus:
+    """How full the lockout table is, and what it had to give up to stay within its bounds."""
+
+    size: int
+    """Entries held, expired ones included (they keep their escalation history until pruned)."""
+    capacity: int
+    """`MAX_LOCKOUT_ENTRIES` unless the engine was built with another cap."""
+    not_found: int
+    """Entries held whose reason is `not_found` (the evictable ones)."""
+    not_found_budget: int
+    """`NOT_FOUND_BUDGET`: the most `not_found` entries one provider+connection keeps."""
+    evicted: int
+    """`not_found` entries evicted since the start, to stay in a budget or to make room."""
+    refused: int
+    """Locks not recorded since the start: the table was full of active locks that are not `not_found`."""
+
+    @property
+    def full(self) -> bool:
+        """At capacity: a new lock now needs an expired or a `not_found` entry to give way."""
+        return self.size >= self.capacity
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "size": self.size,
+            "capacity": self.capacity,
+            "full": self.full,
+            "notFound": self.not_found,
+            "notFoundBudget": self.not_found_budget,
+            "evicted": self.evicted,
+            "refused": self.refused,
+        }
+
+
 # Tuples, not "p:c:m" strings: model names contain colons ("llama3:8b"), so joined keys can collide.
 _Key = tuple[str, str, str]
 _Pair = tuple[str, str]
@@ -131,21 +186,55 @@ def _no_emit(event: Event) -> None:
     pass
 
 
+def _no_drop(key: tuple[str, str, str]) -> None:
+    pass
+
+
 class LockoutTable:
     """Every lockout, with per-connection and per-model indexes so no request path scans the table."""
 
-    __slots__ = ("_by_connection", "_by_model", "_emit", "_entries", "_max_entries", "_prunable_after")
+    __slots__ = (
+        "_budget",
+        "_by_connection",
+        "_by_model",
+        "_emit",
+        "_entries",
+        "_evicted",
+        "_max_entries",
+        "_not_found",
+        "_not_found_lru",
+        "_on_drop",
+        "_prunable_after",
+        "_refused",
+    )
 
     def __init__(
-        self, *, max_entries: int = MAX_LOCKOUT_ENTRIES, emit: Callable[[Event], None] = _no_emit
+        self,
+        *,
+        max_entries: int = MAX_LOCKOUT_ENTRIES,
+        not_found_budget: int = NOT_FOUND_BUDGET,
+        emit: Callable[[Event], None] = _no_emit,
+        on_drop: Callable[[tuple[str, str, str]], None] = _no_drop,
     ) -> None:
+        """`on_drop(key)` hears of every entry that leaves the table without its caller asking for
+        that key (evicted, pruned, or not restored), so a persisted copy can delete it too."""
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
+        if not_found_budget < 1:
+            raise ValueError("not_found_budget must be at least 1")
         self._max_entries = max_entries
+        self._budget = not_found_budget
         self._emit = emit
+        self._on_drop = on_drop
         self._entries: dict[_Key, LockoutEntry] = {}
         self._by_connection: dict[_Pair, set[_Key]] = {}
         self._by_model: dict[_Pair, set[_Key]] = {}
+        # The not_found entries, least recently failed first: per connection (for its budget) and
+        # all together (for making room in a full table). OrderedDict: O(1) to refresh and to evict.
+        self._not_found: dict[_Pair, OrderedDict[_Key, None]] = {}
+        self._not_found_lru: OrderedDict[_Key, None] = OrderedDict()
+        self._evicted = 0
+        self._refused = 0
         # A lower bound on the earliest expires_at in the table: before it, a full table holds
         # only active locks, so there is nothing to prune and no point scanning.
         self._prunable_after = math.inf
@@ -156,6 +245,17 @@ class LockoutTable:
     def keys(self) -> list[tuple[str, str, str]]:
         """Every (provider, connection_id, model) in the table, expired ones included; a snapshot."""
         return list(self._entries)
+
+    def status(self) -> LockoutTableStatus:
+        """Size, capacity and what the bounds cost so far; O(1)."""
+        return LockoutTableStatus(
+            size=len(self._entries),
+            capacity=self._max_entries,
+            not_found=len(self._not_found_lru),
+            not_found_budget=self._budget,
+            evicted=self._evicted,
+            refused=self._refused,
+        )
 
     # -- the request path ------------------------------------------------------------------------
 
@@ -185,12 +285,19 @@ class LockoutTable:
     ) -> LockoutEntry | None:
         """Lock (or escalate). The caller has already decided this outcome locks (it checks
         settings.counts(), or it is a per-model-quota 429 which locks even if 429 is not listed).
-        Returns None only when the table is full of active entries."""
+        A `not_found` lock may evict another `not_found` entry (see the module docstring).
+        Returns None only when the table is full of active entries that are not `not_found`."""
         key = (provider, connection_id, model)
         entry = self._entries.get(key)
+        not_found = reason == NOT_FOUND
         if entry is None:
-            if len(self._entries) >= self._max_entries and not self._prune(now):
-                self._emit(_event(now, key, UNLOCKED, UNLOCKED, "lockout_table_full"))
+            if not_found:
+                mine = self._not_found.get((provider, connection_id))
+                if mine is not None and len(mine) >= self._budget:
+                    self._evict(next(iter(mine)), now, EVICTED_OVER_BUDGET)
+            if len(self._entries) >= self._max_entries and not self._make_room(now):
+                self._refused += 1
+                self._emit(_event(now, key, UNLOCKED, UNLOCKED, REFUSED_TABLE_FULL))
                 return None
             count = 1
         elif now <= entry.last_failure_at + entry.last_cooldown_ms + ESCALATION_GRACE_MS:
@@ -201,6 +308,7 @@ class LockoutTable:
         cooldown = settings.cooldown_ms(count, hint_ms)
         expires_at = now + cooldown
         was_locked = entry is not None and now < entry.expires_at
+        was_not_found = entry is not None and entry.reason == NOT_FOUND
         if entry is None:
             entry = LockoutEntry(
                 provider, connection_id, model, reason, status, count, now, expires_at, cooldown, now
@@ -220,6 +328,10 @@ class LockoutTable:
             entry.last_failure_at = now
         if expires_at < self._prunable_after:
             self._prunable_after = expires_at
+        if not_found:
+            self._track(key, now)  # a new or a repeated failure: now the most recently failed
+        elif was_not_found:
+            self._untrack(key)  # it locks for a real reason now: no longer evictable
 
         label = reason if status is None else f"{status} {reason}"
         self._emit(
@@ -276,15 +388,27 @@ class LockoutTable:
         return locked
 
     def restore(self, entries: Iterable[LockoutEntry]) -> None:
-        """Load entries from the store, replacing same-key ones; emits nothing (no transition)."""
-        for entry in entries:
+        """Load entries from the store, replacing same-key ones; emits nothing (no transition).
+
+        The bounds hold as for new locks, in order of last failure: a store written with a larger
+        cap or budget (or before the budget existed) loses its least recently failed `not_found`
+        entries first. Whatever is not kept is reported through `on_drop`.
+        """
+        for entry in sorted(entries, key=_by_last_failure):
             key = (entry.provider, entry.connection_id, entry.model)
-            old = self._entries.get(key)
-            if old is not None:
+            not_found = entry.reason == NOT_FOUND
+            if key in self._entries:
                 self._unindex(key)
-            elif len(self._entries) >= self._max_entries:
-                continue  # a store can only overflow if it was written with a larger cap
+            elif not_found and len(self._not_found.get((key[0], key[1]), ())) >= self._budget:
+                self._evict(next(iter(self._not_found[(key[0], key[1])])), None, EVICTED_OVER_BUDGET)
+            if len(self._entries) >= self._max_entries:
+                if not self._not_found_lru:
+                    self._on_drop(key)  # no room, nothing evictable: the store must forget it
+                    continue
+                self._evict(next(iter(self._not_found_lru)), None, EVICTED_FOR_ROOM)
             self._insert(key, entry)
+            if not_found:
+                self._track(key, None)
             if entry.expires_at < self._prunable_after:
                 self._prunable_after = entry.expires_at
 
@@ -296,12 +420,57 @@ class LockoutTable:
         self._by_model.setdefault((key[0], key[2]), set()).add(key)
 
     def _unindex(self, key: _Key) -> None:
-        del self._entries[key]
+        if self._entries.pop(key).reason == NOT_FOUND:
+            self._untrack(key)
         for index, pair in ((self._by_connection, (key[0], key[1])), (self._by_model, (key[0], key[2]))):
             keys = index[pair]
             keys.discard(key)
             if not keys:  # drop empty buckets, or churned connections and models would leak
                 del index[pair]
+
+    def _track(self, key: _Key, now: float | None) -> None:
+        """Mark a not_found entry as the most recently failed, in its connection and overall."""
+        pair = (key[0], key[1])
+        mine = self._not_found.get(pair)
+        if mine is None:
+            mine = self._not_found[pair] = OrderedDict()
+        mine[key] = None
+        mine.move_to_end(key)
+        self._not_found_lru[key] = None
+        self._not_found_lru.move_to_end(key)
+        # Only an existing entry whose reason just became not_found can overflow here: a new one
+        # made room before it was inserted. `key` is last, so it is never the one to go.
+        while len(mine) > self._budget:
+            self._evict(next(iter(mine)), now, EVICTED_OVER_BUDGET)
+
+    def _untrack(self, key: _Key) -> None:
+        pair = (key[0], key[1])
+        mine = self._not_found[pair]
+        del mine[key]
+        if not mine:
+            del self._not_found[pair]
+        del self._not_found_lru[key]
+
+    def _evict(self, key: _Key, now: float | None, reason: str) -> None:
+        """Drop a not_found entry to respect a bound. `now` is None at restore, which emits nothing."""
+        entry = self._entries[key]
+        self._unindex(key)
+        self._evicted += 1
+        self._on_drop(key)
+        if now is not None and now < entry.expires_at:
+            # The console and the event log follow lockouts by their events: a lock that ends
+            # early must say so, or it would look active until its deadline.
+            self._emit(_event(now, key, LOCKED, UNLOCKED, reason))
+
+    def _make_room(self, now: float) -> bool:
+        """Free one slot in a full table: expired entries first, else the least recently failed
+        not_found entry; False when every entry is an active lock for a real reason."""
+        if self._prune(now):
+            return True
+        if self._not_found_lru:
+            self._evict(next(iter(self._not_found_lru)), now, EVICTED_FOR_ROOM)
+            return True
+        return False
 
     def _remove(self, key: _Key, entry: LockoutEntry, now: float, reason: str) -> None:
         self._unindex(key)
@@ -326,6 +495,7 @@ class LockoutTable:
         for key in expired:
             # Expired entries are already unlocked: dropping them is not a transition, no event.
             self._unindex(key)
+            self._on_drop(key)
         self._prunable_after = earliest
         return bool(expired)
 
@@ -338,6 +508,10 @@ def _event(now: float, key: _Key, from_: str, to: str, reason: str) -> Event:
 
 def _by_expiry_desc(entry: LockoutEntry) -> float:
     return -entry.expires_at
+
+
+def _by_last_failure(entry: LockoutEntry) -> float:
+    return entry.last_failure_at
 
 
 def _field(record: Mapping[str, object], key: str) -> object:

@@ -175,6 +175,15 @@ def test_health_of_a_fresh_instance(proxy: Instance) -> None:
         },
         "connections": {"total": 3, "active": 3, "coolingDown": 0, "terminal": 0, "disabled": 0},
         "lockouts": [],
+        "lockoutTable": {
+            "size": 0,
+            "capacity": 10_000,
+            "full": False,
+            "notFound": 0,
+            "notFoundBudget": 100,
+            "evicted": 0,
+            "refused": 0,
+        },
         "requests": {"total": 0, "ok": 0, "failed": 0, "inFlight": 0},
     }
 

@@ -454,8 +454,10 @@ def test_case_18_model_lockout_off_locks_nothing_on_locks_the_triple_for_120_s(
     assert patched.status_code == 200
     assert patched.json()["modelLockout"]["enabled"] is True
 
-    # The lock this very answer created is what blocks the model now: a 429 with its remaining time.
-    assert proxy.chat("loc/m1").status_code == 429
+    # This answer locks the triple, and the client still gets the upstream's own 404 (never a 429).
+    locking = proxy.chat("loc/m1")
+    assert error_of(locking, 404)["code"] == "model_not_found"
+    assert locking.headers["x-omniroute-selected-connection-id"] == "loc-1"
     [lock] = proxy.lockouts()
     assert (lock["provider"], lock["connectionId"], lock["model"], lock["status"]) == (
         "loc",
@@ -470,9 +472,9 @@ def test_case_18_model_lockout_off_locks_nothing_on_locks_the_triple_for_120_s(
     other = proxy.chat("loc/m2")
     assert other.status_code == 200
     assert other.headers["x-omniroute-selected-connection-id"] == "loc-1"
-    blocked = proxy.chat("loc/m1")
-    assert blocked.status_code == 429
-    assert 115 <= int(blocked.headers["retry-after"]) <= 120
+    blocked = proxy.chat("loc/m1")  # blocked only by a not_found lock: 404, and no Retry-After to wait for
+    assert error_of(blocked, 404)["code"] == "model_not_found"
+    assert "retry-after" not in blocked.headers
     assert [r.json["model"] for r in up.calls()] == ["m1", "m1", "m1", "m2"]  # the locked model was not sent
     assert proxy.connection("loc-1")["status"] == "active"
     proxy.settled()
@@ -1194,7 +1196,7 @@ def test_case_32_restart_keeps_breakers_cooldowns_terminal_states_lockouts_and_s
     calls = (len(a.calls()), len(b.calls()))
     assert error_of(proxy.chat("loc/m1"), 503)["code"] == "provider_circuit_open"
     assert proxy.pinned("key/m1", "key-1").status_code == 503
-    assert proxy.pinned("key/m1", "key-3").status_code == 429
+    assert error_of(proxy.pinned("key/m1", "key-3"), 404)["code"] == "model_not_found"  # not_found lock
     assert (len(a.calls()), len(b.calls())) == calls
     served = proxy.pinned("key/m2", "key-3")
     assert served.status_code == 200

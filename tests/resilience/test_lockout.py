@@ -6,9 +6,12 @@ from proxy.resilience.clock import FakeClock
 from proxy.resilience.events import Event
 from proxy.resilience.lockout import (
     ESCALATION_GRACE_MS,
+    MAX_LOCKOUT_ENTRIES,
+    NOT_FOUND_BUDGET,
     LockoutEntry,
     LockoutSettings,
     LockoutTable,
+    LockoutTableStatus,
 )
 
 ENABLED = LockoutSettings(enabled=True)
@@ -18,6 +21,13 @@ START = 1_767_225_600_000.0  # FakeClock's default start, 2026-01-01T00:00:00Z
 def make_table(**kwargs: int) -> tuple[LockoutTable, list[Event]]:
     events: list[Event] = []
     return LockoutTable(emit=events.append, **kwargs), events
+
+
+def make_dropping_table(**kwargs: int) -> tuple[LockoutTable, list[Event], list[tuple[str, str, str]]]:
+    """A table that also records what it reports through `on_drop`."""
+    events: list[Event] = []
+    dropped: list[tuple[str, str, str]] = []
+    return LockoutTable(emit=events.append, on_drop=dropped.append, **kwargs), events, dropped
 
 
 def fail(
@@ -34,6 +44,21 @@ def fail(
 ) -> LockoutEntry | None:
     return table.record_failure(
         provider, connection, model, now, settings, status=status, reason=reason, hint_ms=hint_ms
+    )
+
+
+def models(table: LockoutTable) -> list[str]:
+    """The models of every entry held, sorted."""
+    keys = table.keys()
+    return sorted(model for _, _, model in keys)
+
+
+def fail_real(
+    table: LockoutTable, now: float, *, connection: str = "c1", model: str, hint_ms: float | None = None
+) -> LockoutEntry | None:
+    """A lock for a real reason (a per-model quota): never evicted, unlike a not_found one."""
+    return fail(
+        table, now, connection=connection, model=model, status=429, reason="rate_limited", hint_ms=hint_ms
     )
 
 
@@ -323,7 +348,7 @@ def test_table_holds_10000_entries_and_refuses_a_new_lock_when_all_are_active() 
     clock = FakeClock()
     table, events = make_table()
     for i in range(10_000):
-        assert fail(table, clock.now(), model=f"m{i}") is not None
+        assert fail_real(table, clock.now(), model=f"m{i}") is not None
     assert len(table) == 10_000
     assert fail(table, clock.now(), model="one-too-many") is None
     assert len(table) == 10_000
@@ -336,8 +361,10 @@ def test_table_holds_10000_entries_and_refuses_a_new_lock_when_all_are_active() 
         to="unlocked",
         reason="lockout_table_full",
     )
+    assert fail_real(table, clock.now(), model="real-too-many") is None
+    assert table.status().refused == 2
     # An existing triple still escalates in a full table.
-    entry = fail(table, clock.now(), model="m0")
+    entry = fail_real(table, clock.now(), model="m0")
     assert entry is not None
     assert entry.failure_count == 2
 
@@ -345,12 +372,12 @@ def test_table_holds_10000_entries_and_refuses_a_new_lock_when_all_are_active() 
 def test_full_table_prunes_expired_entries_first_and_never_active_ones() -> None:
     clock = FakeClock()
     table, _ = make_table(max_entries=3)
-    fail(table, clock.now(), model="short", hint_ms=10_000)
-    fail(table, clock.now(), model="long-1")
-    fail(table, clock.now(), model="long-2")
-    assert fail(table, clock.now(), model="new") is None
+    fail_real(table, clock.now(), model="short", hint_ms=10_000)
+    fail_real(table, clock.now(), model="long-1")
+    fail_real(table, clock.now(), model="long-2")
+    assert fail_real(table, clock.now(), model="new") is None
     clock.advance(10_000)  # "short" has expired; the others are still locked
-    assert fail(table, clock.now(), model="new") is not None
+    assert fail_real(table, clock.now(), model="new") is not None
     assert table.get("ollama", "c1", "short") is None
     assert [e.model for e in table.active(clock.now())] == ["new", "long-1", "long-2"]
 
@@ -358,14 +385,14 @@ def test_full_table_prunes_expired_entries_first_and_never_active_ones() -> None
 def test_full_table_can_prune_a_short_lock_added_after_the_last_scan() -> None:
     clock = FakeClock()
     table, _ = make_table(max_entries=3)
-    fail(table, clock.now(), model="a")
-    fail(table, clock.now(), model="b")
-    fail(table, clock.now(), model="c")
-    assert fail(table, clock.now(), model="d") is None  # a scan that finds nothing to prune
+    fail_real(table, clock.now(), model="a")
+    fail_real(table, clock.now(), model="b")
+    fail_real(table, clock.now(), model="c")
+    assert fail_real(table, clock.now(), model="d") is None  # a scan that finds nothing to prune
     table.reenable("ollama", "c", clock.now())
-    fail(table, clock.now(), model="short", hint_ms=1_000)
+    fail_real(table, clock.now(), model="short", hint_ms=1_000)
     clock.advance(1_000)
-    assert fail(table, clock.now(), model="d") is not None
+    assert fail_real(table, clock.now(), model="d") is not None
     assert table.get("ollama", "c1", "short") is None
     assert len(table) == 3
 
@@ -373,6 +400,216 @@ def test_full_table_can_prune_a_short_lock_added_after_the_last_scan() -> None:
 def test_max_entries_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_entries"):
         LockoutTable(max_entries=0)
+    with pytest.raises(ValueError, match="not_found_budget"):
+        LockoutTable(not_found_budget=0)
+
+
+def test_pruning_reports_each_expired_entry_so_the_store_forgets_it() -> None:
+    clock = FakeClock()
+    table, events, dropped = make_dropping_table(max_entries=2)
+    fail_real(table, clock.now(), model="short", hint_ms=1_000)
+    fail_real(table, clock.now(), model="long")
+    clock.advance(1_000)
+    assert fail_real(table, clock.now(), model="new") is not None
+    assert dropped == [("ollama", "c1", "short")]
+    assert [e.reason for e in events][-1] == "429 rate_limited, 120000ms"  # an expiry is no transition
+
+
+# -- the not_found budget: client-chosen names -----------------------------------------------------
+
+
+def test_not_found_budget_is_100_per_connection_and_the_table_holds_10000() -> None:
+    table = LockoutTable()
+    assert table.status() == LockoutTableStatus(
+        size=0, capacity=MAX_LOCKOUT_ENTRIES, not_found=0, not_found_budget=100, evicted=0, refused=0
+    )
+    assert (NOT_FOUND_BUDGET, MAX_LOCKOUT_ENTRIES) == (100, 10_000)
+
+
+def test_a_connections_not_found_locks_beyond_its_budget_evict_the_least_recently_failed() -> None:
+    clock = FakeClock()
+    table, events, dropped = make_dropping_table(not_found_budget=3)
+    for model in ("a", "b", "c"):
+        fail(table, clock.now(), model=model)
+        clock.advance(1_000)
+    fail(table, clock.now(), model="a")  # failing again makes "a" the most recently failed
+    clock.advance(1_000)
+    assert fail(table, clock.now(), model="d") is not None
+
+    assert models(table) == ["a", "c", "d"]  # "b" failed least recently
+    assert dropped == [("ollama", "c1", "b")]
+    assert events[-2:] == [
+        Event(START + 4_000, "lockout", "ollama:c1:b", "locked", "unlocked", "evicted_not_found_budget"),
+        Event(START + 4_000, "lockout", "ollama:c1:d", "unlocked", "locked", "404 not_found, 120000ms"),
+    ]
+    assert table.status() == LockoutTableStatus(
+        size=3, capacity=MAX_LOCKOUT_ENTRIES, not_found=3, not_found_budget=3, evicted=1, refused=0
+    )
+    # An evicted name is simply unknown again: its next 404 locks it anew, from count 1.
+    entry = fail(table, clock.now(), model="b")
+    assert entry is not None
+    assert entry.failure_count == 1
+
+
+def test_the_budget_is_per_provider_and_connection() -> None:
+    clock = FakeClock()
+    table, _ = make_table(not_found_budget=2)
+    for connection, provider in (("c1", "ollama"), ("c2", "ollama"), ("c1", "lmstudio")):
+        for model in ("a", "b"):
+            fail(table, clock.now(), provider=provider, connection=connection, model=model)
+    assert len(table) == 6
+    assert table.status().evicted == 0
+    fail(table, clock.now(), connection="c2", model="c")
+    assert sorted(table.keys()) == [
+        ("lmstudio", "c1", "a"),
+        ("lmstudio", "c1", "b"),
+        ("ollama", "c1", "a"),
+        ("ollama", "c1", "b"),
+        ("ollama", "c2", "b"),
+        ("ollama", "c2", "c"),
+    ]
+
+
+def test_real_lockouts_are_outside_the_budget_and_never_evicted() -> None:
+    clock = FakeClock()
+    table, _ = make_table(not_found_budget=2)
+    fail_real(table, clock.now(), model="quota")
+    for n in range(50):
+        fail(table, clock.now(), model=f"made-up-{n}")
+    assert table.is_locked("ollama", "c1", "quota", clock.now()) is True
+    assert models(table) == ["made-up-48", "made-up-49", "quota"]
+    assert table.status().not_found == 2
+    assert table.status().evicted == 48
+
+
+def test_a_full_table_makes_room_for_a_real_lock_by_evicting_the_oldest_not_found_anywhere() -> None:
+    clock = FakeClock()
+    table, events, dropped = make_dropping_table(max_entries=4)
+    fail(table, clock.now(), connection="c1", model="old")
+    clock.advance(1)
+    fail(table, clock.now(), connection="c2", model="newer")
+    clock.advance(1)
+    fail_real(table, clock.now(), model="r1")
+    fail_real(table, clock.now(), model="r2")
+    assert len(table) == 4
+
+    assert fail_real(table, clock.now(), connection="c3", model="r3") is not None
+    assert dropped == [("ollama", "c1", "old")]
+    assert events[-2].reason == "evicted_table_full"
+    assert fail(table, clock.now(), connection="c3", model="made-up") is not None  # evicts "newer"
+    assert fail_real(table, clock.now(), model="r4") is not None  # evicts "made-up"
+    assert models(table) == ["r1", "r2", "r3", "r4"]
+
+    # Now every entry is an active real lock: a new lock of any kind is refused, and counted.
+    assert fail(table, clock.now(), model="made-up-2") is None
+    assert fail_real(table, clock.now(), model="r5") is None
+    status = table.status()
+    assert (status.full, status.size, status.not_found, status.evicted, status.refused) == (True, 4, 0, 3, 2)
+    assert status.to_api() == {
+        "size": 4,
+        "capacity": 4,
+        "full": True,
+        "notFound": 0,
+        "notFoundBudget": NOT_FOUND_BUDGET,
+        "evicted": 3,
+        "refused": 2,
+    }
+
+
+def test_a_full_table_prunes_expired_entries_before_evicting_a_not_found_lock() -> None:
+    clock = FakeClock()
+    table, _, dropped = make_dropping_table(max_entries=2)
+    fail(table, clock.now(), model="made-up")
+    fail_real(table, clock.now(), model="short", hint_ms=1_000)
+    clock.advance(1_000)
+    assert fail_real(table, clock.now(), model="new") is not None
+    assert dropped == [("ollama", "c1", "short")]
+    assert table.is_locked("ollama", "c1", "made-up", clock.now()) is True
+    assert table.status().evicted == 0
+
+
+def test_an_expired_not_found_entry_is_evicted_without_an_event() -> None:
+    clock = FakeClock()
+    table, events, dropped = make_dropping_table(not_found_budget=1)
+    fail(table, clock.now(), model="a", hint_ms=1_000)
+    clock.advance(1_000)
+    fail(table, clock.now(), model="b")
+    assert dropped == [("ollama", "c1", "a")]
+    assert [e.reason for e in events] == ["404 not_found, 1000ms", "404 not_found, 120000ms"]
+
+
+def test_a_lock_that_changes_reason_moves_in_or_out_of_the_budget() -> None:
+    clock = FakeClock()
+    table, events = make_table(not_found_budget=2)
+    fail(table, clock.now(), model="a")
+    fail(table, clock.now(), model="b")
+    # "a" now fails for a real reason: it leaves the budget and can no longer be evicted.
+    fail_real(table, clock.now(), model="a")
+    assert table.status().not_found == 1
+    fail(table, clock.now(), model="c")
+    fail(table, clock.now(), model="d")  # evicts "b", the oldest not_found
+    assert models(table) == ["a", "c", "d"]
+
+    # A real lock whose model later answers 404 joins the budget as its most recently failed entry,
+    # and the oldest not_found lock makes way, saying so.
+    fail_real(table, clock.now(), model="e")
+    fail(table, clock.now(), model="e")
+    assert models(table) == ["a", "d", "e"]
+    assert table.status().not_found == 2
+    assert [(e.key, e.to, e.reason) for e in events[-2:]] == [
+        ("ollama:c1:c", "unlocked", "evicted_not_found_budget"),
+        ("ollama:c1:e", "locked", "404 not_found, 240000ms"),
+    ]
+
+
+def test_decay_and_reenable_give_budget_back() -> None:
+    clock = FakeClock()
+    table, _ = make_table(not_found_budget=2)
+    fail(table, clock.now(), model="a")
+    fail(table, clock.now(), model="b")
+    table.record_success("ollama", "c1", "a", clock.now())  # count 1 -> 0: deleted
+    table.reenable("ollama", "b", clock.now())
+    assert table.status().not_found == 0
+    fail(table, clock.now(), model="c")
+    fail(table, clock.now(), model="d")
+    assert table.status().evicted == 0
+    assert table.reenable_all(clock.now()) == 2
+    assert table.status().not_found == 0
+
+
+def test_restore_keeps_each_connections_most_recently_failed_not_found_entries() -> None:
+    def entry(connection: str, model: str, reason: str, last_failure: float) -> LockoutEntry:
+        status = 404 if reason == "not_found" else 429
+        return LockoutEntry(
+            "p", connection, model, reason, status, 1, START, START + 60_000, 60_000, last_failure
+        )
+
+    stored = [  # as a store written before the budget existed holds them: in key order
+        entry("c1", "a", "not_found", START + 3),
+        entry("c1", "b", "not_found", START + 1),
+        entry("c1", "c", "not_found", START + 2),
+        entry("c1", "q", "rate_limited", START + 0),
+        entry("c2", "a", "not_found", START + 0),
+    ]
+    table, events, dropped = make_dropping_table(not_found_budget=2)
+    table.restore(stored)
+    assert sorted(table.keys()) == [("p", "c1", "a"), ("p", "c1", "c"), ("p", "c1", "q"), ("p", "c2", "a")]
+    assert dropped == [("p", "c1", "b")]
+    assert events == []  # restoring is no transition
+    # The restored order is the eviction order: "c" goes before "a".
+    fail(table, START + 10, provider="p", model="d")
+    assert table.get("p", "c1", "c") is None
+
+
+def test_restore_into_a_full_table_evicts_not_found_first_and_drops_what_does_not_fit() -> None:
+    def entry(model: str, reason: str, last_failure: float) -> LockoutEntry:
+        return LockoutEntry("p", "c", model, reason, 404, 1, START, START + 60_000, 60_000, last_failure)
+
+    table, _, dropped = make_dropping_table(max_entries=2)
+    table.restore([entry("nf", "not_found", START), entry("r1", "server_error", START + 1)])
+    table.restore([entry("r2", "server_error", START + 2), entry("r3", "server_error", START + 3)])
+    assert models(table) == ["r1", "r2"]
+    assert dropped == [("p", "c", "nf"), ("p", "c", "r3")]
 
 
 # -- views ---------------------------------------------------------------------------------------

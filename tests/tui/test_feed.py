@@ -208,10 +208,10 @@ async def test_a_long_table_shows_250_rows_and_R_reaches_every_match() -> None:
     app = snapshot_app()
     engine = app.runtime.engine
     settings = LockoutSettings(enabled=True)
-    for i in range(300):
+    for i in range(300):  # quota locks: one connection keeps only NOT_FOUND_BUDGET not_found ones
         engine.lockouts.record_failure(
             "openai", "openai-main", f"bulk-{i:03d}", engine.clock.now(), settings,
-            status=404, reason="not_found", hint_ms=(60 + i) * SECOND,
+            status=429, reason="rate_limited", hint_ms=(60 + i) * SECOND,
         )  # fmt: skip
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
