@@ -349,7 +349,8 @@ class Feed:
         detail = snap.lockout_detail(pair[0], self.history) if pair is not None else None
         rows = tuple(finish(r, start <= i < stop) for i, r in enumerate(arranged[: self.limit]))
         self._finished = finished
-        return TableSnapshot("lockouts", rows, view, len(lockouts.rows), lockouts.matching, detail)
+        notice = snap.lockout_notice(self.engine.lockout_table_status())
+        return TableSnapshot("lockouts", rows, view, len(lockouts.rows), lockouts.matching, detail, notice)
 
     def _event_detail(self, selected: str | None) -> Detail | None:
         if selected is None:

@@ -20,7 +20,7 @@ from omniroute_tui import format as fmt
 from omniroute_tui.untrusted import visible
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
 from proxy.resilience.events import Event
-from proxy.resilience.lockout import LockoutEntry
+from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus
 
 SortKey = float | str
 
@@ -87,6 +87,8 @@ class TableSnapshot:
     matching: tuple[Row, ...]
     """Every row the filter keeps, in order, shown or not: what `R` acts on."""
     detail: Detail | None = None
+    notice: tuple[str, str] | None = None
+    """(text, style class) the caption adds: something the operator must know about the table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +391,24 @@ def lockout_template(entry: LockoutEntry) -> Row:
         target=(entry.provider, entry.connection_id, entry.model),
         search=_search(provider, cid, model, reason),
     )
+
+
+def lockout_notice(status: LockoutTableStatus) -> tuple[str, str] | None:
+    """What the Lockouts caption says about the table's bounds: full, locks not recorded, not-found
+    locks evicted (each connection keeps at most `not_found_budget` of them)."""
+    parts = []
+    if status.full:
+        parts.append(f"table full ({fmt.count(status.size)} of {fmt.count(status.capacity)})")
+    if status.refused:
+        parts.append(f"{fmt.count(status.refused)} new locks not recorded")
+    if status.evicted:
+        parts.append(
+            f"{fmt.count(status.evicted)} not-found locks evicted "
+            f"(at most {fmt.count(status.not_found_budget)} per connection)"
+        )
+    if not parts:
+        return None
+    return " · ".join(parts), fmt.BAD if status.full or status.refused else fmt.WARN
 
 
 def with_remaining(template: Row, expires_at: float, now: float) -> Row:

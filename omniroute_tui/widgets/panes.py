@@ -73,6 +73,9 @@ def caption(snapshot: TableSnapshot) -> Text:
         text.append(f" · filter “{shown}”: {fmt.count(matched)} match", style="yellow")
     if len(snapshot.rows) < matched:
         text.append(f" · showing the first {fmt.count(len(snapshot.rows))}", style="yellow")
+    if snapshot.notice is not None:  # before the sort order: a narrow caption cuts its end
+        notice, style = snapshot.notice
+        text.append(f" · {notice}", style=fmt.ROW_COLOURS[style])
     text.append(f" · sorted by {column} {'▼' if view.reverse else '▲'}", style="dim")
     return text
 

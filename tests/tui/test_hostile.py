@@ -265,7 +265,7 @@ id = "local-1"
                         "/v1/chat/completions",
                         json={"model": f"local/{model}", "messages": [{"role": "user", "content": "hi"}]},
                     )
-                    assert answer.status_code in (404, 429), answer.text  # the upstream's 404, or locked
+                    assert answer.status_code == 404, answer.text  # the upstream's, never a 429
                 await pilot.press("4")
                 await settle(pilot)
                 assert len(app.table("lockouts").rows) == 6
@@ -282,3 +282,35 @@ id = "local-1"
             await pilot.press("q")
             await wait_until(pilot, lambda: host.task is not None and host.task.done())
         assert app.return_code == 0
+
+
+async def test_the_lockouts_tab_says_when_client_chosen_names_were_evicted() -> None:
+    runtime = build_runtime()
+    engine = runtime.engine
+    status = engine.lockout_table_status()
+    lockout = LockoutSettings(enabled=True)
+    now = runtime.clock.now()
+    for i in range(status.not_found_budget + 3):  # three more made-up names than one connection keeps
+        engine.lockouts.record_failure(
+            "ollama", "ollama-1", f"made-up-{i}", now + i, lockout, status=404, reason="not_found"
+        )
+    app = make_app(runtime, clock_frozen=True)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.press("4")
+        await settle(pilot)
+        caption = "\n".join(screen_lines(app))
+        evicted = engine.lockout_table_status().evicted
+        assert evicted == 4  # the three, and the fixed state's own not_found lock on ollama-1
+        assert "4 not-found locks evicted (at most 100 per connection)" in caption
+        assert (
+            engine.lockouts.get("anthropic", "anthropic-1", "claude-3-opus") is not None
+        )  # a real one stays
+
+
+def test_a_full_table_is_said_in_red() -> None:
+    from omniroute_tui.snapshot import lockout_notice
+    from proxy.resilience.lockout import LockoutTableStatus
+
+    assert lockout_notice(LockoutTableStatus(12, 10_000, 3, 100, 0, 0)) is None
+    text, style = lockout_notice(LockoutTableStatus(10_000, 10_000, 0, 100, 0, 7)) or ("", "")
+    assert text == "table full (10,000 of 10,000) · 7 new locks not recorded" and style == "bad"
