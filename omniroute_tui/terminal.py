@@ -21,15 +21,16 @@ from rich.cells import get_character_cell_size
 DUMB_TERMINALS = frozenset({"", "dumb", "unknown"})
 
 
-def refusal(env: Mapping[str, str], stdin: IO[Any] | None, stdout: IO[Any] | None) -> str | None:
-    """Why the full-screen console cannot run here, or None when it can."""
+def refusal(env: Mapping[str, str], *streams: tuple[str, IO[Any] | None]) -> str | None:
+    """Why the full-screen console cannot run here, or None when it can. `streams`: (name, stream)
+    pairs that must all be terminals (stdin for keys; stdout and stderr, which Textual draws on)."""
     instead = (
         "run the proxy headless with `omniroute serve` and watch it with `omniroute status`, "
         "`omniroute breakers`, `omniroute connections` and `omniroute lockouts`"
     )
     if os.name == "posix" and env.get("TERM", "") in DUMB_TERMINALS:
         return f"the console needs a full-screen terminal, and TERM={env.get('TERM', '')!r} is not one; {instead}"
-    for name, stream in (("input", stdin), ("output", stdout)):
+    for name, stream in streams:
         if stream is None or not stream.isatty():
             return f"the console needs a terminal, and its {name} is not one; {instead}"
     return None

@@ -74,7 +74,9 @@ def tui(
     """
     from omniroute_tui import terminal
 
-    problem = terminal.refusal(os.environ, sys.stdin, sys.stdout)
+    problem = terminal.refusal(
+        os.environ, ("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr)
+    )
     if problem is not None:
         typer.echo(f"omniroute: {problem}", err=True)
         raise typer.Exit(2)

@@ -72,12 +72,32 @@ def test_a_dumb_terminal_is_refused_with_a_pointer_to_serve(term: str, tmp_path:
     assert not (tmp_path / "s.db").exists()  # refused before anything was opened
 
 
+def test_stderr_to_a_file_is_refused_not_filled_with_escape_codes(tmp_path: Path) -> None:
+    primary, secondary = os.openpty()  # keys and stdout on a terminal; Textual draws on stderr
+    try:
+        done = subprocess.run(
+            tui_command(tmp_path),
+            stdin=secondary,
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+            timeout=60,
+            text=True,
+        )
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert done.returncode == 2
+    assert done.stderr.startswith("omniroute: the console needs a terminal, and its stderr is not one")
+    assert "\x1b" not in done.stderr
+
+
 def test_a_pipe_is_not_a_terminal() -> None:
     done = subprocess.run(
         [*OMNIROUTE, "tui", "--demo"], capture_output=True, text=True, env=child_env(), timeout=60
     )
     assert done.returncode == 2
-    assert "is not one" in done.stderr and "omniroute serve" in done.stderr
+    assert "its stdin is not one" in done.stderr and "omniroute serve" in done.stderr
 
 
 def test_refusal_and_charset_rules() -> None:
@@ -86,9 +106,10 @@ def test_refusal_and_charset_rules() -> None:
             return True
 
     tty = Tty()
-    assert refusal({"TERM": "xterm-256color"}, tty, tty) is None
-    assert refusal({"TERM": "dumb"}, tty, tty) is not None
-    assert refusal({}, tty, tty) is not None
+    assert refusal({"TERM": "xterm-256color"}, ("stdin", tty), ("stdout", tty)) is None
+    assert refusal({"TERM": "dumb"}, ("stdin", tty)) is not None
+    assert refusal({}, ("stdin", tty)) is not None
+    assert "its stderr is not one" in (refusal({"TERM": "xterm"}, ("stdin", tty), ("stderr", None)) or "")
     assert wants_ascii({"LANG": "C"}) and wants_ascii({}) and wants_ascii({"LANG": "en_US.ISO-8859-1"})
     assert not wants_ascii({"LANG": "en_US.UTF-8"}) and not wants_ascii({"LC_ALL": "C.utf8", "LANG": "C"})
     assert wants_ascii({"LC_ALL": "C", "LANG": "en_US.UTF-8"})  # LC_ALL wins, as in C
