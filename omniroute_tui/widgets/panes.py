@@ -27,7 +27,8 @@ class DetailPanel(Static):
         if detail == self._detail and self._detail is not None:
             return
         self._detail = detail
-        if detail is None:
+        if detail is None:  # no row (filtered away, or its entry ended): no stale title either
+            self.border_title = "Details"
             self.update(Text("Select a row to see its history.", style="dim"), layout=False)
             return
         text = Text()

@@ -122,3 +122,16 @@ async def test_only_the_rows_on_screen_count_down_and_a_scroll_catches_up() -> N
         await settle(pilot)
         assert row("model-119").cells[5] == "8m 00s"  # scrolled into view: fresh at once
         assert table.rows[0].cells[5] == "19m 29s"  # scrolled out: left as it was
+
+
+async def test_the_detail_pane_drops_the_title_of_a_row_that_is_gone() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await settle(pilot)
+        pane = app.panes["connections"]
+        assert "groq-1" in str(pane.detail.border_title)
+        await pilot.press("slash", "z", "z", "z", "enter")  # a filter that keeps no row
+        await settle(pilot)
+        assert app.table("connections").rows == []
+        assert str(pane.detail.border_title) == "Details"
