@@ -112,6 +112,11 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 lockout`, `2 lockouts`, `1,234 connections`."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def rate(per_second: float) -> str:
     return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:,.0f}/s"
 

@@ -473,7 +473,9 @@ class Settings:
         now = self._clock.now()
         for path in changed:
             from_, to = _get(old, path), _get(merged, path)
-            self._emit(Event(ts=now, layer="settings", key=path, from_=str(from_), to=str(to), reason=reason))
+            self._emit(
+                Event(ts=now, layer="settings", key=path, from_=_said(from_), to=_said(to), reason=reason)
+            )
         self._notify()
 
     def _notify(self) -> None:
@@ -714,3 +716,12 @@ def _copy(node: Any) -> Any:
     if isinstance(node, list):
         return [_copy(item) for item in node]
     return node
+
+
+def _said(value: object) -> str:
+    """A setting's value as an event says it to people: `on`/`off`, `403, 404`, not Python's repr."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "none"
+    return str(value)

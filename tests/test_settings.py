@@ -464,8 +464,8 @@ def test_events_list_each_changed_leaf_and_skip_unchanged_ones() -> None:
         "settings",
     )
     assert [(e.key, e.from_, e.to, e.reason) for e in events] == [
-        ("modelLockout.enabled", "False", "True", "patch"),
-        ("modelLockout.errorCodes", "[403, 404, 429, 502, 503, 504]", "[404]", "patch"),
+        ("modelLockout.enabled", "off", "on", "patch"),
+        ("modelLockout.errorCodes", "403, 404, 429, 502, 503, 504", "404", "patch"),
     ]
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from omniroute_tui import format as fmt
 from omniroute_tui.cli.exit_codes import InvalidValue, Unexpected
 from omniroute_tui.cli.options import ConfigOpt, JsonOpt, StateOpt
 from omniroute_tui.cli.output import cell, emit, note
@@ -162,7 +163,8 @@ def check(json_: JsonOpt = False, config: ConfigOpt = None) -> None:
     connections = sum(len(p.connections) for p in loaded.providers.values())
     token = "set" if server.management_token else "not set"
     text = (
-        f"{source}: OK. {len(loaded.providers)} providers, {connections} connections, {len(loaded.combos)} combos;"
+        f"{source}: OK. {fmt.counted(len(loaded.providers), 'provider')}, "
+        f"{fmt.counted(connections, 'connection')}, {fmt.counted(len(loaded.combos), 'combo')};"
         f" listens on {server.host}:{server.port}; management token {token}."
     )
     emit(data, json_=json_, human=lambda: cell(text))

@@ -68,7 +68,7 @@ def caption(snapshot: TableSnapshot) -> Text:
     column = COLUMNS[snapshot.name][view.sort].label
     matched = len(snapshot.matching)
     text = Text()
-    text.append(f"{fmt.count(snapshot.total)} {snapshot.name}", style="bold")
+    text.append(fmt.counted(snapshot.total, snapshot.name.removesuffix("s")), style="bold")
     if view.filter.strip():
         shown = visible(view.filter.strip(), limit=40)
         text.append(f" · filter “{shown}”: {fmt.count(matched)} match", style="yellow")

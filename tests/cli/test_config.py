@@ -98,7 +98,7 @@ def test_check_valid_file(tmp_path: Path) -> None:
     result = run("config", "check", "--config", str(path))
     assert (result.code, result.stdout) == (
         0,
-        f"{path}: OK. 1 providers, 1 connections, 1 combos; listens on 127.0.0.1:20200; management token not set.\n",
+        f"{path}: OK. 1 provider, 1 connection, 1 combo; listens on 127.0.0.1:20200; management token not set.\n",
     )
     data = run("config", "check", "--config", str(path), "--json").json()
     assert data["providers"] == {

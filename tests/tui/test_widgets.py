@@ -135,3 +135,13 @@ async def test_the_detail_pane_drops_the_title_of_a_row_that_is_gone() -> None:
         await settle(pilot)
         assert app.table("connections").rows == []
         assert str(pane.detail.border_title) == "Details"
+
+
+def test_captions_count_in_words() -> None:
+    from omniroute_tui.snapshot import TableSnapshot, View
+    from omniroute_tui.widgets.panes import caption
+
+    one = TableSnapshot("lockouts", (), View(sort=5), 1, ())
+    assert caption(one).plain.startswith("1 lockout · ")
+    many = TableSnapshot("connections", (), View(sort=2), 1200, ())
+    assert caption(many).plain.startswith("1,200 connections · ")
