@@ -474,7 +474,7 @@ class Settings:
         for path in changed:
             from_, to = _get(old, path), _get(merged, path)
             self._emit(
-                Event(ts=now, layer="settings", key=path, from_=_said(from_), to=_said(to), reason=reason)
+                Event(ts=now, layer="settings", key=path, from_=said(from_), to=said(to), reason=reason)
             )
         self._notify()
 
@@ -718,7 +718,7 @@ def _copy(node: Any) -> Any:
     return node
 
 
-def _said(value: object) -> str:
+def said(value: object) -> str:
     """A setting's value as an event says it to people: `on`/`off`, `403, 404`, not Python's repr."""
     if isinstance(value, bool):
         return "on" if value else "off"

@@ -1,10 +1,12 @@
 """One settings card: a draft of some settings sections, saved through the API's own validation.
 
-The card keeps two things: `live` (the values it last loaded from the runtime) and the draft (what
-its fields show). `ctrl+s` sends the fields that differ from the runtime's current values as one
-partial PATCH of the card's group, so the runtime applies exactly the checks `PATCH /api/resilience`
-(or `/api/settings`) applies, and an invalid draft changes nothing. `escape` reloads the live values;
-"Reset defaults" loads the schema defaults into the draft only.
+The card keeps three things: `base` (the values the draft started from), `live` (the runtime's
+values as last read) and the draft (what its fields show). `ctrl+s` sends only the fields the
+operator changed (draft against base) as one partial PATCH of the card's group, so a value changed
+elsewhere meanwhile (the CLI, the API) is never written back over; the runtime applies exactly the
+checks `PATCH /api/resilience` (or `/api/settings`) applies, and an invalid draft changes nothing.
+Fields changed elsewhere since the draft began are named in the status line until the draft ends.
+`escape` reloads the live values; "Reset defaults" loads the schema defaults into the draft only.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from omniroute_tui.cards.catalog import CLASS_LABELS, Block, CardSpec, Explainer
 from omniroute_tui.cards.fields import SettingField, make_field
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.outcome import PROVIDER_CLASSES
-from proxy.settings import defaults
+from proxy.settings import defaults, said
 
 if TYPE_CHECKING:
     from proxy.runtime import Runtime
@@ -86,10 +88,11 @@ class SettingsCard(Vertical):
         self.read_only = read_only
         self._runtime = runtime
         self.live: dict[str, object] = self._read_live()
-        """The live values the draft started from, by dotted path."""
+        """The runtime's values as last read, by dotted path."""
+        self.base: dict[str, object] = dict(self.live)
+        """The values the draft started from: what the operator's edits are measured against."""
         self._note = ""
         self._note_kind = ""
-        self._stale = False
         self._status_text = ""
         self.border_title = spec.title
 
@@ -145,8 +148,18 @@ class SettingsCard(Vertical):
 
     @property
     def dirty(self) -> bool:
-        """The draft differs from the live values it started from."""
-        return self.draft() != self.live
+        """The draft differs from the values it started from."""
+        return self.draft() != self.base
+
+    def edits(self) -> dict[str, object]:
+        """The fields the operator changed, by dotted path: what a save sends."""
+        base = self.base
+        return {path: value for path, value in self.draft().items() if value != base[path]}
+
+    @property
+    def changed_elsewhere(self) -> list[str]:
+        """Fields whose live value moved since the draft began (the CLI, the API, another card)."""
+        return [path for path, value in self.live.items() if value != self.base[path]]
 
     def _read_live(self) -> dict[str, object]:
         document = self._runtime.settings.document(self.spec.group)
@@ -155,15 +168,16 @@ class SettingsCard(Vertical):
     def load(self, values: Mapping[str, object]) -> None:
         """Show `values` as the live state: the draft becomes clean."""
         self.live = dict(values)
-        self._stale = False
+        self.base = dict(values)
         for path, field in self.fields.items():
             field.load(values[path])
 
     def refresh_live(self) -> None:
         """The runtime's settings changed (a PATCH over the API, the CLI, another card).
 
-        A card without a draft follows at once; a card with one keeps it and says that the live
-        values moved underneath (escape loads them, ctrl+s overwrites them)."""
+        A card without a draft follows at once; a card with one keeps it, marks the fields that
+        changed underneath and names them (escape loads them; ctrl+s saves only the operator's own
+        edits, so it never writes them back)."""
         live = self._read_live()
         if live == self.live:
             return
@@ -172,10 +186,9 @@ class SettingsCard(Vertical):
             self._set_note("Updated from a change made elsewhere.")
             return
         self.live = live
-        if not self.dirty:
-            self.load(live)
-            return
-        self._stale = True
+        fields = self.fields
+        for path in self.changed_elsewhere:
+            fields[path].show_message(f"changed elsewhere to {said(live[path])}")
         self._show_status()
 
     # ------------------------------------------------------------------ status line
@@ -198,10 +211,11 @@ class SettingsCard(Vertical):
             text, kind = self._note, self._note_kind
         elif dirty:
             text, kind = "Unsaved draft: ctrl+s saves this card, escape discards it.", "-dirty"
-            if self._stale:
-                text += " The live values changed meanwhile."
         else:
             text, kind = "Live values. ctrl+s saves the card, escape discards a draft.", ""
+        elsewhere = self.changed_elsewhere if dirty else []
+        if elsewhere:  # said until the draft ends, a rejected save included
+            text += f" Changed elsewhere meanwhile (not overwritten by a save): {', '.join(elsewhere)}."
         if text != self._status_text:  # an update re-lays out the screen: not on every keystroke
             self._status_text = text
             line.update(text)
@@ -242,10 +256,9 @@ class SettingsCard(Vertical):
         if unreadable:
             self._set_note("Not saved: a field holds no number. Nothing changed.", "-error")
             return
-        current = self._read_live()
-        changes = {path: value for path, value in self.draft().items() if value != current[path]}
+        changes = self.edits()
         if not changes:
-            self.load(current)
+            self.load(self._read_live())
             self._set_note("Nothing to save: the card matches the live settings.")
             return
         self._set_note("Saving…")

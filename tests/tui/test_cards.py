@@ -579,11 +579,43 @@ async def test_a_card_with_a_draft_keeps_it_when_the_api_changes_the_settings(in
         card = pane.card("request-queue")
         assert draft.value == 300
         assert field_at(pane, "requestQueue.maxQueueDepth").value == 0  # the draft is kept whole
-        assert "changed meanwhile" in card.status
+        assert "Changed elsewhere meanwhile" in card.status and "requestQueue.maxQueueDepth" in card.status
         await pilot.press("escape")
         await pilot.pause()
         assert field_at(pane, "requestQueue.maxQueueDepth").value == 9
         assert draft.value == 100
+
+
+async def test_saving_a_card_never_writes_back_what_changed_elsewhere(instance: Instance) -> None:
+    async with running(instance) as (pilot, pane, _):
+        card = pane.card("model-lockout")
+        await type_into(pilot, pane, "modelLockout.baseCooldownMs", "60000")
+        # meanwhile, `omniroute settings set modelLockout.maxCooldownMs 900000` from another terminal
+        await instance.runtime.patch_settings({"modelLockout": {"maxCooldownMs": 900000}}, "settings")
+        await pilot.pause()
+        other = field_at(pane, "modelLockout.maxCooldownMs")
+        assert "changed elsewhere to 900000" in other.message
+        assert "modelLockout.maxCooldownMs" in card.status
+        card.action_save()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert instance.live("modelLockout.baseCooldownMs") == 60000
+        assert instance.live("modelLockout.maxCooldownMs") == 900000  # not written back
+        assert other.value == 900000 and not card.dirty
+
+
+async def test_the_changed_elsewhere_warning_stays_after_a_rejected_save(instance: Instance) -> None:
+    async with running(instance) as (pilot, pane, _):
+        card = pane.card("model-lockout")
+        await type_into(pilot, pane, "modelLockout.baseCooldownMs", "600000")  # > maxCooldownMs below
+        await instance.runtime.patch_settings({"modelLockout": {"maxCooldownMs": 300000}}, "settings")
+        await pilot.pause()
+        card.action_save()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert "Not saved" in card.status
+        assert "modelLockout.maxCooldownMs" in card.status  # the reason is still named
+        assert instance.live("modelLockout.baseCooldownMs") == 120000
 
 
 async def test_read_only_disables_every_field_and_says_why(instance: Instance) -> None:
