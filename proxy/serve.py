@@ -12,9 +12,10 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,11 +24,14 @@ import uvicorn
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, load_config, resolve_config_path, resolve_state_path
 from proxy.runtime import Runtime
+from proxy.signals import StopSignals, release_lost_terminal
 from proxy.store import StoreError
 
 log = logging.getLogger("omniroute")
 
 SHUTDOWN_GRACE_S = 3
+"""In-flight requests get this long to finish once a stop begins (`q`, or a first signal); a stop
+signal's deadline is one second more (proxy.signals)."""
 
 
 class StartupError(Exception):
@@ -122,18 +126,23 @@ def make_server(runtime: Runtime, sock: socket.socket, *, log_level: str = "warn
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         log_config=None,
     )
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    # uvicorn would take over SIGINT/SIGTERM (not SIGHUP) for the duration of `serve()` and re-raise
+    # them afterwards, killing the process by the signal after its clean stop. The process's own
+    # handlers (proxy.signals) decide instead, the same way for `serve` and `tui`.
+    server.capture_signals = _no_signal_capture  # type: ignore[method-assign]
+    return server
 
 
-async def serve(runtime: Runtime, sock: socket.socket, *, log_level: str = "warning") -> None:
-    server = make_server(runtime, sock, log_level=log_level)
-    await server.serve(sockets=[sock])
+@contextlib.contextmanager
+def _no_signal_capture() -> Iterator[None]:
+    yield
 
 
 def run_headless(options: Options) -> None:
-    """`omniroute serve`: serve until SIGINT/SIGTERM, logging to stderr."""
+    """`omniroute serve`: serve until SIGTERM, SIGINT or SIGHUP (proxy.signals), logging to stderr."""
 
-    async def main() -> None:
+    async def main(signals: StopSignals) -> None:
         async with instance(options) as runtime:
             server = runtime.config.server
             sock = bind_socket(server.host, server.port)
@@ -151,15 +160,29 @@ def run_headless(options: Options) -> None:
 
                 traffic = DemoTraffic(f"http://{server.host}:{server.port}")
                 traffic.start()
+            uvicorn_server = make_server(runtime, sock)
+
+            def stop(sig: signal.Signals) -> None:
+                # A terminal that went away (SIGHUP, or a signal after a hang-up) fails every write:
+                # stdio goes to /dev/null first, so that the log lines of the stop cannot fail.
+                release_lost_terminal()
+                log.warning("%s: stopping (in-flight requests get up to %d s)", sig.name, SHUTDOWN_GRACE_S)
+                uvicorn_server.should_exit = True
+
+            signals.attach(asyncio.get_running_loop(), stop)
             try:
-                await serve(runtime, sock)
+                await uvicorn_server.serve(sockets=[sock])
             finally:
+                signals.detach()
                 if traffic is not None:
                     await traffic.stop()
                 sock.close()
 
-    with asyncio.Runner(loop_factory=_fast_loop_factory()) as runner:
-        runner.run(main())
+    with (
+        StopSignals(deadline_s=SHUTDOWN_GRACE_S + 1) as signals,
+        asyncio.Runner(loop_factory=_fast_loop_factory()) as runner,
+    ):
+        runner.run(main(signals))
 
 
 def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -26,12 +26,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
+OMNIROUTE = "from omniroute_tui.cli import main; main()"
+"""The program `omniroute` runs (what its console script does), for `python -c`."""
+
 # The slave side becomes the controlling terminal of the new session (TIOCSCTTY), as a terminal
 # emulator, tmux or sshd arrange it: only then does the kernel send SIGHUP when the terminal goes.
-_ON_CONTROLLING_TERMINAL = (
-    "import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); from omniroute_tui.cli import main; main()"
-)
-_PLAIN = "from omniroute_tui.cli import main; main()"
+_TAKE_THE_TERMINAL = "import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
 
 STARTUP_S = 30.0
 """Generous: the console imports and starts in about a second, but the machine may be loaded."""
@@ -69,6 +69,15 @@ def serving(port: int, token: str | None = None) -> bool:
     return response.status_code == 200
 
 
+def port_refuses(port: int) -> bool:
+    """Nothing listens on the port any more (a stop has begun), as opposed to a slow answer."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 def port_is_free(port: int) -> bool:
     """Could the next `omniroute` bind it? (SO_REUSEADDR as it does: our own closed connections may linger.)"""
     with socket.socket() as s:
@@ -100,7 +109,7 @@ def exit_code(proc: subprocess.Popen[bytes], timeout: float) -> int:
 
 
 class Terminal:
-    """A pseudo-terminal running `omniroute ARGS` as the leader of a new session.
+    """A pseudo-terminal running `omniroute ARGS` (or another `program`) as the leader of a new session.
 
     A thread drains the master side (what would be the screen), so the app never blocks on a full
     terminal. `hang_up()` closes the master: what closing the window, `tmux kill-server` or an SSH
@@ -115,11 +124,12 @@ class Terminal:
         env: dict[str, str] | None = None,
         controlling: bool = True,
         size: tuple[int, int] = (120, 40),
+        program: str = OMNIROUTE,
     ) -> None:
         self.master, slave = os.openpty()
         columns, rows = size
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        code = _ON_CONTROLLING_TERMINAL if controlling else _PLAIN
+        code = _TAKE_THE_TERMINAL + program if controlling else program
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code, *args],
@@ -182,7 +192,7 @@ class Terminal:
 def start_headless(args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`omniroute ARGS` with no terminal at all (as systemd runs it); stderr is kept for the test."""
     return subprocess.Popen(
-        [sys.executable, "-c", _PLAIN, *args],
+        [sys.executable, "-c", OMNIROUTE, *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -190,3 +200,29 @@ def start_headless(args: Sequence[str], *, env: dict[str, str] | None = None) ->
         env=env if env is not None else environment(),
         cwd=ROOT,
     )
+
+
+class InFlight:
+    """One chat completion for provider `alpha` (tests/two_providers.py), from a thread: its
+    response, or the error that ended it."""
+
+    def __init__(self, port: int) -> None:
+        self.response: httpx.Response | None = None
+        self.error: Exception | None = None
+        body = {"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]}
+
+        def send() -> None:
+            try:
+                self.response = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=10
+                )
+            except httpx.HTTPError as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=send, daemon=True)
+        self.thread.start()
+
+    def result(self) -> httpx.Response:
+        self.thread.join(10)
+        assert self.response is not None, f"no response: {self.error!r}"
+        return self.response
