@@ -9,17 +9,23 @@ database closed), and SIGTERM must still end it.
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from proxy.serve import SHUTDOWN_GRACE_S
+from tests import two_providers
+from tests.fakes import FakeUpstream, Reply, serve
 from tests.processes import (
     STARTUP_S,
+    InFlight,
     Terminal,
     exit_code,
     free_port,
     integrity,
     port_is_free,
+    port_refuses,
     serving,
     wait_for,
 )
@@ -31,9 +37,9 @@ STOP_S = 10.0
 class Console:
     """`omniroute tui` on a tmp config and state, on its own port."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, config_text: str = CONFIG) -> None:
         config = tmp_path / "config.toml"
-        config.write_text(CONFIG)
+        config.write_text(config_text)
         config.chmod(0o600)
         self.port = free_port()
         self.state = tmp_path / "state.db"
@@ -65,14 +71,12 @@ def console(tmp_path: Path) -> Console:
     return Console(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="issue #19: the console wedges when its terminal goes away")
 def test_closing_the_terminal_stops_the_console_and_its_proxy(console: Console) -> None:
     with console.start() as term:
         term.hang_up()
         console.assert_stopped_cleanly(term)
 
 
-@pytest.mark.xfail(strict=True, reason="issue #19: the console wedges when its terminal goes away")
 def test_sigterm_after_the_hang_up_ends_it(console: Console) -> None:
     """The wedge of issue #19 ignored SIGTERM. Now the SIGTERM is a second stop signal: at once."""
     with console.start() as term:
@@ -83,7 +87,6 @@ def test_sigterm_after_the_hang_up_ends_it(console: Console) -> None:
         assert integrity(console.state) == "ok"
 
 
-@pytest.mark.xfail(strict=True, reason="issue #19: the console wedges when its terminal goes away")
 def test_a_terminal_that_goes_away_without_sighup_stops_it_too(console: Console) -> None:
     """Not the controlling terminal (no SIGHUP): the failing writes are what tell the console."""
     with console.start(controlling=False) as term:
@@ -101,7 +104,27 @@ def test_a_signal_with_the_terminal_alive_stops_it_and_restores_the_terminal(
         wait_for(lambda: b"\x1b[?1049l" in term.screen, 5, "the console leaving the alternate screen")
 
 
-@pytest.mark.xfail(strict=True, reason="issue #19: the console wedges when its terminal goes away")
+def test_a_second_signal_while_stopping_exits_at_once_and_puts_the_terminal_back(tmp_path: Path) -> None:
+    fake = FakeUpstream("alpha-upstream")
+    fake.default(Reply("hang"))  # holds the stop for its whole grace period
+    with serve(fake.app) as upstream:
+        refused = FakeUpstream.refused_url()
+        console = Console(tmp_path, two_providers.config_text(upstream.url + "/v1", refused, None))
+        with console.start() as term:
+            InFlight(console.port)
+            wait_for(lambda: fake.in_flight == 1, STOP_S, "the request reaching the upstream")
+            term.signal(signal.SIGTERM)
+            wait_for(lambda: port_refuses(console.port), STOP_S, "the stop beginning (the port closed)")
+            sent = time.monotonic()
+            term.signal(signal.SIGTERM)
+            assert exit_code(term.proc, STOP_S) == 128 + signal.SIGTERM
+            assert time.monotonic() - sent < SHUTDOWN_GRACE_S  # did not wait for the grace period
+            # Textual had no chance to restore the terminal: the emergency exit did.
+            wait_for(lambda: b"\x1b[?1049l" in term.screen, 5, "the terminal leaving the alternate screen")
+    assert integrity(console.state) == "ok"  # WAL: consistent without a clean close
+    assert port_is_free(console.port)
+
+
 def test_the_demo_stops_when_its_terminal_closes() -> None:
     """The issue's own steps: `omniroute tui --demo` (its traffic in flight), then close the terminal."""
     port = free_port()
