@@ -356,7 +356,7 @@ async def _run(options: serve.Options, read_only: bool, signals: StopSignals) ->
     async with serve.instance(options) as runtime:
         try:
             config = runtime.config.server
-            sock = serve.bind_socket(config.host, config.port)
+            sock = serve.bind_socket(config.host, config.port, token=config.management_token)
             app = make_app(runtime, read_only=read_only, serve_sock=sock)
             # Through the app's message queue: the stop runs in the app's context, after it started.
             signals.attach(asyncio.get_running_loop(), lambda sig: app.call_later(app.stop_on_signal, sig))
