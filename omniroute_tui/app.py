@@ -20,13 +20,14 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from omniroute_tui import actions, terminal, untrusted
+from omniroute_tui import actions, untrusted
 from omniroute_tui.feed import Feed, FeedLogHandler, captured_logging
 from omniroute_tui.host import ProxyHost
-from omniroute_tui.messages import SnapshotReady
+from omniroute_tui.messages import SnapshotReady, TerminalGone
 from omniroute_tui.screens.confirm import ConfirmScreen
 from omniroute_tui.screens.filter import FilterScreen
 from omniroute_tui.screens.help import ConsoleCommands, HelpScreen
@@ -43,6 +44,7 @@ from omniroute_tui.widgets.tables import (
 )
 from proxy import serve
 from proxy.runtime import Runtime
+from proxy.signals import StopSignals
 
 log = logging.getLogger("omniroute.tui")
 
@@ -82,8 +84,9 @@ class OmniRouteApp(App[int]):
         live: bool = True,
         ascii_only: bool = False,
     ) -> None:
-        # ASCII: every character leaves through a driver that writes ASCII look-alikes (terminal.py).
-        super().__init__(driver_class=terminal.ascii_driver() if ascii_only else None)
+        self.ascii_only = ascii_only  # before App.__init__, which asks get_driver_class
+        """Every character leaves through a driver that writes ASCII look-alikes."""
+        super().__init__()
         untrusted.use_ascii(ascii_only)
         self.runtime = runtime
         self.read_only = read_only
@@ -154,12 +157,45 @@ class OmniRouteApp(App[int]):
         self._cleanup.close()
 
     async def action_quit(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the proxy (in-flight requests get its grace period), then leave with 0; idempotent.
+
+        What `q` does, and a stop signal, and a terminal that went away."""
         if self.host is None:
             self.exit(0)
         elif not self._quitting:
             self._quitting = True
             self.notify("Stopping the proxy (in-flight requests get a short grace period)…")
             self.run_worker(self._stop_and_exit(), name="shutdown", group="server", exit_on_error=False)
+
+    def stop_on_signal(self, sig: signal.Signals) -> None:
+        """SIGTERM, SIGINT, SIGHUP (proxy.signals): stop, as `q` does. The terminal is checked first:
+        the signal may be the first news of a hang-up, and a dead terminal is let go of before the
+        stop draws anything on it."""
+        if sys.platform != "win32":
+            from omniroute_tui.driver import ConsoleDriver
+
+            if isinstance(self._driver, ConsoleDriver):
+                self._driver.check_terminal()
+        self.stop()
+
+    def on_terminal_gone(self, message: TerminalGone) -> None:
+        self.stop()
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's Linux driver, made safe for a terminal that goes away, and writing ASCII for a
+        locale that is not UTF-8 (omniroute_tui.driver)."""
+        driver = super().get_driver_class()
+        if sys.platform != "win32":
+            from textual.drivers.linux_driver import LinuxDriver
+
+            from omniroute_tui.driver import AsciiDriver, ConsoleDriver
+
+            if driver is LinuxDriver:
+                return AsciiDriver if self.ascii_only else ConsoleDriver
+        return driver
 
     async def _stop_and_exit(self) -> None:
         assert self.host is not None
@@ -318,30 +354,36 @@ def make_app(
 
 
 def run_tui(options: serve.Options, *, read_only: bool = False, ascii_only: bool = False) -> int:
-    """`omniroute tui`: returns the exit code; a startup problem is one line on stderr, never a traceback."""
-    try:
-        return asyncio.run(_run(options, read_only, ascii_only))
-    except serve.StartupError as exc:
-        print(f"omniroute: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    """`omniroute tui`: returns the exit code; a startup problem is one line on stderr, never a traceback.
+
+    SIGTERM, SIGINT and SIGHUP stop it like `q` (proxy.signals: a second one exits at once, and
+    the stop has a deadline); so does its terminal going away (omniroute_tui.driver).
+    """
+    restore = None
+    if sys.platform != "win32":  # the module is Textual's Linux driver, made safe for a hang-up
+        from omniroute_tui.driver import SavedModes
+
+        restore = SavedModes().restore
+    with StopSignals(deadline_s=serve.SHUTDOWN_GRACE_S + 1, emergency=restore) as signals:
+        try:
+            return asyncio.run(_run(options, read_only, ascii_only, signals))
+        except serve.StartupError as exc:
+            print(f"omniroute: {exc}", file=sys.stderr)
+            return 2
 
 
-async def _run(options: serve.Options, read_only: bool, ascii_only: bool) -> int:
+async def _run(options: serve.Options, read_only: bool, ascii_only: bool, signals: StopSignals) -> int:
     async with serve.instance(options) as runtime:
         try:
             config = runtime.config.server
-            sock = serve.bind_socket(config.host, config.port)
+            sock = serve.bind_socket(config.host, config.port, token=config.management_token)
             app = make_app(runtime, read_only=read_only, serve_sock=sock, ascii_only=ascii_only)
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(sig, app.call_later, app.action_quit)
+            # Through the app's message queue: the stop runs in the app's context, after it started.
+            signals.attach(asyncio.get_running_loop(), lambda sig: app.call_later(app.stop_on_signal, sig))
             try:
                 await app.run_async()
             finally:
-                for sig in (signal.SIGTERM, signal.SIGHUP):
-                    loop.remove_signal_handler(sig)
+                signals.detach()
                 if app.host is not None:
                     await app.host.stop()  # idempotent: normally done when the app quit
         finally:

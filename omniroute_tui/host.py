@@ -9,9 +9,7 @@ whose lifespan stops the runtime (last persist, database closed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import Iterator
 
 import uvicorn
 
@@ -42,19 +40,20 @@ class ProxyHost:
 
     async def start(self) -> None:
         """Serve, and return once the lifespan has started the runtime (ServerStopped if it could not)."""
-        server = serve.make_server(self.runtime, self.sock)
-        # uvicorn would take over SIGINT/SIGTERM and re-raise them after shutdown, killing the
-        # process with the terminal still in raw mode: the console owns the signals.
-        server.capture_signals = _no_signal_capture  # type: ignore[method-assign]
+        if self._stopping:  # stopped before it started: a stop signal during startup
+            return
+        server = serve.make_server(self.runtime, self.sock)  # leaves the signals to run_tui's handlers
         self.server = server
         self.task = asyncio.create_task(_serve(server, self.sock), name="omniroute-server")
         async with asyncio.timeout(START_TIMEOUT_S):
             while not server.started:
                 if self.task.done():
                     await self.task
+                    if self._stopping:  # asked to stop while starting: not a failure
+                        return
                     raise ServerStopped("the proxy server stopped while starting")
                 await asyncio.sleep(0.01)
-        if self.demo:
+        if self.demo and not self._stopping:
             traffic = DemoTraffic(self.base_url)
             traffic.start()
             self._traffic = traffic
@@ -84,11 +83,6 @@ async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
         raise ServerStopped(f"the proxy server could not start (exit {exc.code})") from None
     finally:
         sock.close()
-
-
-@contextlib.contextmanager
-def _no_signal_capture() -> Iterator[None]:
-    yield
 
 
 def _url_host(host: str) -> str:

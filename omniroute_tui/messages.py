@@ -13,3 +13,7 @@ class SnapshotReady(Message):
     def __init__(self, snapshot: Snapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
+
+
+class TerminalGone(Message):
+    """The console's terminal went away (omniroute_tui.driver): nobody can see it or press `q` now."""

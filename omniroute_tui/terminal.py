@@ -6,7 +6,7 @@ headless server and the CLI instead of a screen of escape codes. A terminal whos
 UTF-8 gets the console drawn in ASCII: every character Textual, Rich or the console would send
 outside ASCII (box borders, blocks, arrows, ellipses, and any name in another script) is written
 as an ASCII look-alike of the same width, at the one place output leaves the process (the
-driver's `write`), so nothing drawn anywhere can slip past it.
+driver's `write`, `omniroute_tui.driver.AsciiDriver`), so nothing drawn anywhere can slip past it.
 """
 
 from __future__ import annotations
@@ -110,14 +110,3 @@ _TABLE = _AsciiTable()
 def to_ascii(text: str) -> str:
     """`text` with every non-ASCII character replaced by ASCII of the same width in cells."""
     return text if text.isascii() else text.translate(_TABLE)
-
-
-def ascii_driver() -> type[Any]:
-    """Textual's driver for this platform, writing only ASCII (imported only when the console runs)."""
-    from textual.drivers.linux_driver import LinuxDriver
-
-    class AsciiDriver(LinuxDriver):
-        def write(self, data: str) -> None:
-            super().write(to_ascii(data))
-
-    return AsciiDriver

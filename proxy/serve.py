@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
+import http.client
+import json
 import logging
 import os
+import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,11 +27,15 @@ import uvicorn
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, load_config, resolve_config_path, resolve_state_path
 from proxy.runtime import Runtime
+from proxy.signals import StopSignals, release_lost_terminal
 from proxy.store import StoreError
 
 log = logging.getLogger("omniroute")
 
 SHUTDOWN_GRACE_S = 3
+"""In-flight requests get this long to finish once a stop begins (`q`, or a first signal); a stop
+signal's deadline is one second more (proxy.signals)."""
+HEALTH_PATH = "/api/monitoring/health"
 
 
 class StartupError(Exception):
@@ -93,8 +101,11 @@ def _open(config: Config, state_path: Path, env: Mapping[str, str]) -> Runtime:
         raise StartupError(f"{state_path}: cannot open the state database ({exc.strerror or exc})") from exc
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind before serving so that "address in use" is a clear startup error, not a log line."""
+def bind_socket(host: str, port: int, *, token: str | None = None) -> socket.socket:
+    """Bind before serving so that "address in use" is a clear startup error, not a log line.
+
+    `token`: the management token, to ask whoever holds the port what it is (`holder`).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
     # accepted sockets inherit it. With proto 0, Nagle + delayed ACK add ~40 ms to every response.
@@ -104,6 +115,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        other = holder(host, port, token) if exc.errno == errno.EADDRINUSE else None
+        if other is not None:
+            raise StartupError(
+                f"cannot listen on {host}:{port}: {other} (stop it, or choose another --port)"
+            ) from exc
         raise StartupError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc} "
             "(is another instance running? choose another --port)"
@@ -111,6 +127,41 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+HOLDER_PROBE_TIMEOUT_S = 0.5
+"""Whoever holds the port is on this machine: an omniroute answers its health route in milliseconds."""
+
+
+def holder(host: str, port: int, token: str | None = None) -> str | None:
+    """What holds the port, when it is an omniroute (its health route says what `omniroute status`
+    would): "another omniroute 0.4.0, up 12 min, is serving on HOST:PORT". None when it cannot be known."""
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    connection = http.client.HTTPConnection(probe, port, timeout=HOLDER_PROBE_TIMEOUT_S)
+    try:
+        connection.request("GET", HEALTH_PATH, headers={"Authorization": f"Bearer {token}"} if token else {})
+        response = connection.getresponse()
+        health = json.loads(response.read()) if response.status == 200 else None
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    finally:
+        connection.close()
+    if not isinstance(health, dict):
+        return None
+    version, uptime_ms = health.get("version"), health.get("uptimeMs")
+    if not isinstance(version, str) or not isinstance(uptime_ms, int | float):
+        return None
+    return f"another omniroute {version}, up {_uptime(uptime_ms)}, is serving on {host}:{port}"
+
+
+def _uptime(ms: float) -> str:
+    seconds = int(ms // 1000)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours} h {minutes:02d} min" if hours < 48 else f"{hours // 24} days"
 
 
 def make_server(runtime: Runtime, sock: socket.socket, *, log_level: str = "warning") -> uvicorn.Server:
@@ -122,21 +173,26 @@ def make_server(runtime: Runtime, sock: socket.socket, *, log_level: str = "warn
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         log_config=None,
     )
-    return uvicorn.Server(config)
+    server = uvicorn.Server(config)
+    # uvicorn would take over SIGINT/SIGTERM (not SIGHUP) for the duration of `serve()` and re-raise
+    # them afterwards, killing the process by the signal after its clean stop. The process's own
+    # handlers (proxy.signals) decide instead, the same way for `serve` and `tui`.
+    server.capture_signals = _no_signal_capture  # type: ignore[method-assign]
+    return server
 
 
-async def serve(runtime: Runtime, sock: socket.socket, *, log_level: str = "warning") -> None:
-    server = make_server(runtime, sock, log_level=log_level)
-    await server.serve(sockets=[sock])
+@contextlib.contextmanager
+def _no_signal_capture() -> Iterator[None]:
+    yield
 
 
 def run_headless(options: Options) -> None:
-    """`omniroute serve`: serve until SIGINT/SIGTERM, logging to stderr."""
+    """`omniroute serve`: serve until SIGTERM, SIGINT or SIGHUP (proxy.signals), logging to stderr."""
 
-    async def main() -> None:
+    async def main(signals: StopSignals) -> None:
         async with instance(options) as runtime:
             server = runtime.config.server
-            sock = bind_socket(server.host, server.port)
+            sock = bind_socket(server.host, server.port, token=server.management_token)
             for warning in runtime.warnings:
                 log.warning("%s", warning)
             log.warning("omniroute %s serving on http://%s:%d/v1", runtime.version, server.host, server.port)
@@ -151,15 +207,29 @@ def run_headless(options: Options) -> None:
 
                 traffic = DemoTraffic(f"http://{server.host}:{server.port}")
                 traffic.start()
+            uvicorn_server = make_server(runtime, sock)
+
+            def stop(sig: signal.Signals) -> None:
+                # A terminal that went away (SIGHUP, or a signal after a hang-up) fails every write:
+                # stdio goes to /dev/null first, so that the log lines of the stop cannot fail.
+                release_lost_terminal()
+                log.warning("%s: stopping (in-flight requests get up to %d s)", sig.name, SHUTDOWN_GRACE_S)
+                uvicorn_server.should_exit = True
+
+            signals.attach(asyncio.get_running_loop(), stop)
             try:
-                await serve(runtime, sock)
+                await uvicorn_server.serve(sockets=[sock])
             finally:
+                signals.detach()
                 if traffic is not None:
                     await traffic.stop()
                 sock.close()
 
-    with asyncio.Runner(loop_factory=_fast_loop_factory()) as runner:
-        runner.run(main())
+    with (
+        StopSignals(deadline_s=SHUTDOWN_GRACE_S + 1) as signals,
+        asyncio.Runner(loop_factory=_fast_loop_factory()) as runner,
+    ):
+        runner.run(main(signals))
 
 
 def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -12,7 +12,9 @@ import pytest
 from textual.pilot import Pilot
 
 from omniroute_tui.app import make_app, run_tui
-from proxy import serve
+from proxy import __version__, serve
+from proxy.app import create_app
+from tests.fakes import serve as serve_app
 from tests.tui.snapshot_app import CONFIG, build_runtime
 
 SIZE = (120, 40)
@@ -77,8 +79,24 @@ def test_a_busy_port_is_one_line_on_stderr_and_exit_2(
         code = run_tui(serve.Options(config=str(config), state=str(tmp_path / "state.db"), port=port))
     assert code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"omniroute: cannot listen on 127.0.0.1:{port}")
-    assert "Traceback" not in err
+    assert err == (
+        f"omniroute: cannot listen on 127.0.0.1:{port}: Address already in use"
+        " (is another instance running? choose another --port)\n"
+    )
+
+
+def test_a_port_another_omniroute_holds_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG)
+    config.chmod(0o600)
+    with serve_app(create_app(build_runtime(), manage_lifecycle=False)) as other:
+        code = run_tui(serve.Options(config=str(config), state=str(tmp_path / "state.db"), port=other.port))
+    assert code == 2
+    # build_runtime's engine started 10 minutes before its FakeClock's now.
+    assert capsys.readouterr().err == (
+        f"omniroute: cannot listen on 127.0.0.1:{other.port}: another omniroute {__version__}, up 10 min,"
+        f" is serving on 127.0.0.1:{other.port} (stop it, or choose another --port)\n"
+    )
 
 
 def test_a_broken_config_is_reported_without_traceback(

@@ -7,7 +7,6 @@ import fcntl
 import os
 import re
 import select
-import socket
 import struct
 import subprocess
 import sys
@@ -21,17 +20,12 @@ from rich.cells import cell_len
 from omniroute_tui.app import make_app
 from omniroute_tui.terminal import refusal, to_ascii, wants_ascii
 from omniroute_tui.untrusted import visible
+from tests.processes import environment, free_port
 from tests.tui.conftest import settle
 from tests.tui.snapshot_app import CONFIG
 from tests.tui.test_hostile import hostile_runtime, screen_lines
 
 OMNIROUTE = [sys.executable, "-c", "from omniroute_tui.cli import main; main()"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tui_command(tmp_path: Path) -> list[str]:
@@ -43,13 +37,6 @@ def tui_command(tmp_path: Path) -> list[str]:
     return [*OMNIROUTE, "tui", "--config", str(config), "--state", str(state), "--port", str(free_port())]
 
 
-def child_env(**changes: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG"))}
-    env.update(TERM="xterm-256color", LANG="C.UTF-8", COLUMNS="100", LINES="30")
-    env.update(changes)
-    return env
-
-
 @pytest.mark.parametrize("term", ["dumb", ""])
 def test_a_dumb_terminal_is_refused_with_a_pointer_to_serve(term: str, tmp_path: Path) -> None:
     primary, secondary = os.openpty()  # a real tty: only TERM says it cannot
@@ -59,7 +46,7 @@ def test_a_dumb_terminal_is_refused_with_a_pointer_to_serve(term: str, tmp_path:
             stdin=secondary,
             stdout=secondary,
             stderr=subprocess.PIPE,
-            env=child_env(TERM=term),
+            env=environment(TERM=term),
             timeout=60,
             text=True,
         )
@@ -80,7 +67,7 @@ def test_stderr_to_a_file_is_refused_not_filled_with_escape_codes(tmp_path: Path
             stdin=secondary,
             stdout=secondary,
             stderr=subprocess.PIPE,
-            env=child_env(),
+            env=environment(),
             timeout=60,
             text=True,
         )
@@ -94,7 +81,7 @@ def test_stderr_to_a_file_is_refused_not_filled_with_escape_codes(tmp_path: Path
 
 def test_a_pipe_is_not_a_terminal() -> None:
     done = subprocess.run(
-        [*OMNIROUTE, "tui", "--demo"], capture_output=True, text=True, env=child_env(), timeout=60
+        [*OMNIROUTE, "tui", "--demo"], capture_output=True, text=True, env=environment(), timeout=60
     )
     assert done.returncode == 2
     assert "its stdin is not one" in done.stderr and "omniroute serve" in done.stderr
@@ -158,7 +145,7 @@ def test_the_console_under_lang_c_writes_only_ascii(tmp_path: Path) -> None:
     primary, secondary = os.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     os.set_blocking(primary, False)
-    env = child_env(LANG="C", LC_ALL="C")
+    env = environment(LANG="C", LC_ALL="C")
     child = subprocess.Popen(
         tui_command(tmp_path),
         stdin=secondary,
