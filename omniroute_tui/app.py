@@ -295,11 +295,14 @@ class OmniRouteApp(App[int]):
     # -- view keys ---------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("filter", "sort", "reverse"):
-            return True if self.active_tab in TABLE_TABS else None
+        if action in ("filter", "sort", "reverse"):  # hidden where there is no table to act on
+            return self.active_tab in TABLE_TABS
         return True
 
     def action_show_tab(self, tab: str) -> None:
+        # Let go of the focus first: a focused widget in the pane being hidden hands the focus to its
+        # neighbour in the same pane, which would bring that pane back (a Settings field, say).
+        self.set_focus(None)
         self.tabs.active = tab
 
     def _set_view(self, tab: str, view: View) -> None:

@@ -15,16 +15,17 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Button, Static
 from textual.worker import Worker, WorkerState
 
 from omniroute_tui.cards.catalog import CLASS_LABELS, Block, CardSpec, Explainer, format_range, get_path, nest
-from omniroute_tui.cards.fields import SettingField, make_field
+from omniroute_tui.cards.fields import FieldInput, SettingField, make_field
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.outcome import PROVIDER_CLASSES
 from proxy.settings import defaults, said
@@ -93,6 +94,8 @@ class SettingsCard(Vertical):
         """The values the draft started from: what the operator's edits are measured against."""
         self._note = ""
         self._note_kind = ""
+        self._editing: str | None = None
+        """The path of the field whose input has the focus (being typed into), if any."""
         self._status_text = ""
         self.border_title = spec.title
 
@@ -213,6 +216,8 @@ class SettingsCard(Vertical):
             text, kind = "Unsaved draft: ctrl+s saves this card, escape discards it.", "-dirty"
         else:
             text, kind = "Live values. ctrl+s saves the card, escape discards a draft.", ""
+        if self._editing is not None and not self.read_only and not self._note:
+            text = f"Editing {self._editing}: enter keeps the value, escape leaves the field. {text}"
         elsewhere = self.changed_elsewhere if dirty else []
         if elsewhere:  # said until the draft ends, a rejected save included
             text += f" Changed elsewhere meanwhile (not overwritten by a save): {', '.join(elsewhere)}."
@@ -226,6 +231,21 @@ class SettingsCard(Vertical):
     def status(self) -> str:
         """The status line's text."""
         return self._status_text
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        self._follow_editing(event.widget)
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        self._follow_editing(None)
+
+    def _follow_editing(self, focused: Widget | None) -> None:
+        editing = None
+        if isinstance(focused, FieldInput):
+            owner = next((a for a in focused.ancestors if isinstance(a, SettingField)), None)
+            editing = owner.spec.path if owner is not None else None
+        if editing != self._editing:
+            self._editing = editing
+            self._show_status()
 
     @on(SettingField.Edited)
     def _edited(self, event: SettingField.Edited) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -58,6 +58,42 @@ def clamp(spec: FieldSpec, value: int) -> tuple[int, str | None]:
     return bounded, f"clamped to {bounded}: {message}"
 
 
+class FieldInput(Input):
+    """An Input that is edited on purpose, never by a stray key.
+
+    In navigation mode (the default) it cannot take focus, so the console's keys (`1`–`6`, `q`,
+    `p`, `/`) keep working while the operator moves through a card; its field is the focus stop.
+    `enter` or `i` on the field (or a click) starts editing: the input takes focus. `escape` (or
+    leaving it any other way) ends editing and gives focus back to the field, so a second `escape`
+    reaches the card, which discards the draft.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "leave", "Leave the field", show=False, id="settings-leave-field"),
+    ]
+
+    def on_mount(self) -> None:
+        self.can_focus = False
+
+    def focus(self, scroll_visible: bool = True) -> FieldInput:
+        """Start editing (a programmatic focus is an explicit edit, like `enter`)."""
+        self.can_focus = True
+        super().focus(scroll_visible)
+        return self
+
+    def action_leave(self) -> None:
+        home = self.parent
+        while home is not None and not (isinstance(home, Widget) and home.can_focus):
+            home = home.parent
+        if isinstance(home, Widget) and home is not self:
+            home.focus()
+        else:
+            self.blur()
+
+    def _on_blur(self, event: events.Blur) -> None:
+        self.can_focus = False  # editing ends with the focus, whichever way it left
+
+
 def _tooltip(spec: FieldSpec) -> str:
     return f"{spec.path}\n{spec.help}\nAccepts {spec.accepted()}; default {format_default(spec)}."
 
@@ -85,6 +121,9 @@ class SettingField(Widget):
         &.-cell { layout: vertical; }
         &.-cell > .hint, &.-cell > .message { padding: 0; }
         & > Input, & > Checkbox { width: 1fr; }
+        /* Navigation focus sits on the field, not its input: show where it is. */
+        &:focus > FieldInput { background: $accent 40%; }
+        &:focus > .name { text-style: bold reverse; }
     }
     """
 
@@ -161,7 +200,15 @@ class _InRange(Validator):
         return self.success() if message is None else self.failure(message)
 
 
-class IntField(SettingField):
+class IntField(SettingField, can_focus=True):
+    """An integer; the field itself is the focus stop, and `enter` or `i` edits its input."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter,i", "edit", "Edit", tooltip="Edit this field (escape leaves it)", id="settings-edit"),
+        Binding("down,j", "app.focus_next", "Next field", show=False, id="settings-next-field"),
+        Binding("up,k", "app.focus_previous", "Previous field", show=False, id="settings-previous-field"),
+    ]
+
     def __init__(self, spec: FieldSpec, value: int, *, label: str | None, hint: str) -> None:
         super().__init__(spec, label=label, hint=hint)
         self._initial = value
@@ -170,7 +217,7 @@ class IntField(SettingField):
 
     def _control(self) -> ComposeResult:
         width = len(str(self.spec.max)) + 2 if self.spec.max is not None else None
-        yield Input(
+        yield FieldInput(
             str(self._initial),
             type="integer",
             compact=True,
@@ -180,8 +227,14 @@ class IntField(SettingField):
         )
 
     @property
-    def input(self) -> Input:
-        return self.query_one(Input)
+    def input(self) -> FieldInput:
+        return self.query_one(FieldInput)
+
+    def action_edit(self) -> None:
+        self.input.focus()
+
+    def on_click(self) -> None:
+        self.input.focus()
 
     @property
     def value(self) -> int | None:
@@ -214,6 +267,8 @@ class IntField(SettingField):
     @on(Input.Submitted)
     def _left(self, event: Input.Blurred | Input.Submitted) -> None:
         event.stop()
+        if isinstance(event, Input.Submitted):
+            self.focus()  # enter keeps the value and ends editing
         number = parse_int(event.value)
         if number is None:
             self._set_text(str(self._last_good))
@@ -283,6 +338,9 @@ class CodeListField(SettingField):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("delete", "remove_code", "Remove code", show=False, id="settings-remove-code"),
+        Binding(
+            "i", "edit", "Type a code", tooltip="Type a code to add (escape leaves)", id="settings-type-code"
+        ),
     ]
 
     def __init__(self, spec: FieldSpec, value: list[int], *, label: str | None, hint: str) -> None:
@@ -298,7 +356,7 @@ class CodeListField(SettingField):
             codes.tooltip = _tooltip(self.spec)
             yield codes
             with Vertical(classes="buttons"):
-                yield Input(
+                yield FieldInput(
                     placeholder="code", type="integer", compact=True, max_length=4, classes="new-code"
                 )
                 with Horizontal():
@@ -314,8 +372,8 @@ class CodeListField(SettingField):
         return self.query_one(OptionList)
 
     @property
-    def code_input(self) -> Input:
-        return self.query_one(".new-code", Input)
+    def code_input(self) -> FieldInput:
+        return self.query_one(".new-code", FieldInput)
 
     def load(self, value: object) -> None:
         assert isinstance(value, list)
@@ -382,6 +440,9 @@ class CodeListField(SettingField):
 
     def action_remove_code(self) -> None:
         self.remove_selected()
+
+    def action_edit(self) -> None:
+        self.code_input.focus()
 
 
 def make_field(spec: FieldSpec, value: object, *, label: str | None) -> SettingField:

@@ -333,3 +333,51 @@ async def test_read_only_disables_every_action() -> None:
         assert len(operator_events(app)) == before
         assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "OPEN"
         assert any("read-only mode" in n.message for n in app._notifications)
+
+
+async def test_settings_fields_do_not_swallow_the_console_keys() -> None:
+    from omniroute_tui.cards.fields import IntField, field_id
+
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await settle(pilot)
+        target = app.query_one(f"#{field_id('requestQueue.maxWaitMs')}", IntField)
+        card = next(a for a in target.ancestors if type(a).__name__ == "SettingsCard")
+        target.focus()  # where Tab lands: the field, not its input
+        await pilot.pause()
+        await pilot.press("1")  # a console key: Overview, and the field untouched
+        await settle(pilot)
+        assert app.active_tab == "overview"
+        assert target.value == 15000 and not card.dirty  # type: ignore[attr-defined]
+        await pilot.press("5")
+        await settle(pilot)
+        target.focus()
+        await pilot.press("enter")  # edit on purpose
+        await pilot.pause()
+        assert app.focused is target.input
+        assert "Editing requestQueue.maxWaitMs" in card.status  # type: ignore[attr-defined]
+        await pilot.press("ctrl+u", "1", "2", "0", "0", "0")
+        assert target.value == 12000 and app.active_tab == "settings"
+        await pilot.press("escape")  # leaves the field, keeps the draft
+        await pilot.pause()
+        assert app.focused is target and card.dirty  # type: ignore[attr-defined]
+        await pilot.press("p")  # the console's keys work again
+        assert app.feed.paused
+        await pilot.press("escape")  # a second escape discards the draft
+        await pilot.pause()
+        assert target.value == 15000 and not card.dirty  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("tab", ["1", "5"])
+async def test_table_keys_are_not_offered_where_there_is_no_table(tab: str) -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(tab)
+        await settle(pilot)
+        offered = {b.binding.action for b in app.screen.active_bindings.values()}  # greyed out too
+        assert not offered & {"filter", "sort", "reverse"}
+        await pilot.press("2")
+        await settle(pilot)
+        shown = {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
+        assert {"filter", "sort", "reverse"} <= shown
