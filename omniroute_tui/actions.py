@@ -50,8 +50,21 @@ class Result:
     commands: tuple[str, ...]
     """The equivalent CLI commands, `omniroute ...`."""
     changed: int
+    """Targets that were not already in the state the action puts them in."""
+    said: tuple[str, ...] = ()
+    """What happened to each target, in words: "Reset breaker flaky (was OPEN)"."""
 
     def summary(self) -> str:
+        """One line for the toast: what was done, and what was already so."""
+        if len(self.said) == 1:
+            return self.said[0]
+        total = len(self.said)
+        text = "; ".join(self.said[:2]) + (f" … and {total - 2} more" if total > 2 else "")
+        unchanged = total - self.changed
+        return f"{text} ({unchanged} already so)" if unchanged else text
+
+    def command(self) -> str:
+        """The CLI equivalent, for the toast's title."""
         if len(self.commands) <= 2:
             return "; ".join(self.commands)
         return f"{self.commands[0]} … and {len(self.commands) - 1} more"
@@ -59,36 +72,63 @@ class Result:
 
 def apply(engine: Engine, action: Action) -> Result:
     """Run the action; KeyError when a target vanished (a row can outlive its entry by one tick)."""
+    now = engine.clock.now()
     commands: list[str] = []
+    said: list[str] = []
     changed = 0
     if action.verb == "toggle":
         for (cid,) in action.targets:
             enabled = not engine.connections[cid].health.enabled
             engine.set_connection_enabled(cid, enabled, source=SOURCE)
             commands.append(f"omniroute {'enable' if enabled else 'disable'} {cid}")
+            said.append(f"{'Enabled' if enabled else 'Disabled'} connection {cid}")
             changed += 1
-        return Result(tuple(commands), changed)
+        return Result(tuple(commands), changed, tuple(said))
     if action.table == "breakers":
+        for (pid,) in action.targets:
+            breaker = engine.providers[pid].breaker
+            state = breaker.state(now).value
+            if state != "CLOSED" or breaker.failure_count:
+                changed += 1
+                said.append(f"Reset breaker {pid} (was {state}, {breaker.failure_count} failures)")
+            else:
+                said.append(f"Breaker {pid} was already CLOSED")
         if action.scope == "all":
-            changed = engine.reset_breakers(None, source=SOURCE)
+            engine.reset_breakers(None, source=SOURCE)
             commands.append("omniroute reset breaker --all")
         else:
             for (pid,) in action.targets:
-                changed += engine.reset_breakers(pid, source=SOURCE)
+                engine.reset_breakers(pid, source=SOURCE)
                 commands.append(f"omniroute reset breaker {pid}")
     elif action.table == "connections":
+        for (cid,) in action.targets:
+            health = engine.connections[cid].health
+            status = health.status(now)
+            if status not in ("active", "disabled") or health.backoff_level:
+                changed += 1
+                said.append(f"Cleared connection {cid} (was {status})")
+            else:
+                said.append(f"Connection {cid} was already {status}")
         if action.scope == "all":
-            changed = engine.reset_connection(None, source=SOURCE)
+            engine.reset_connection(None, source=SOURCE)
             commands.append("omniroute reset connection --all")
         else:
             for (cid,) in action.targets:
-                changed += engine.reset_connection(cid, source=SOURCE)
+                engine.reset_connection(cid, source=SOURCE)
                 commands.append(f"omniroute reset connection {cid}")
     elif action.scope == "all":
-        changed = engine.reenable_all(source=SOURCE)
+        removed = engine.reenable_all(source=SOURCE)
+        changed = removed
+        said.append(f"Re-enabled every locked model ({removed:,} lockouts lifted)")
         commands.append("omniroute reenable --all")
     else:
         for provider, cid, model in action.targets:
-            changed += engine.reenable(provider, model, cid, source=SOURCE)
+            removed = engine.reenable(provider, model, cid, source=SOURCE)
+            changed += removed
+            said.append(
+                f"Re-enabled {provider}/{model} on {cid}"
+                if removed
+                else f"{provider}/{model} on {cid} was not locked"
+            )
             commands.append(f"omniroute reenable {provider}/{model} --connection {cid}")
-    return Result(tuple(commands), changed)
+    return Result(tuple(commands), changed, tuple(said))

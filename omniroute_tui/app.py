@@ -268,7 +268,10 @@ class OmniRouteApp(App[int]):
         """The one funnel for every worker's outcome (harlequin)."""
         worker = event.worker
         if event.state is WorkerState.SUCCESS and isinstance(worker.result, actions.Result):
-            self.notify(untrusted.visible(worker.result.summary()), title="Done", markup=False)
+            result = worker.result
+            self.notify(
+                untrusted.visible(result.summary()), title=untrusted.visible(result.command()), markup=False
+            )
             self.feed.request()
         elif event.state is WorkerState.ERROR:
             error = worker.error

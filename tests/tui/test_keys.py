@@ -78,6 +78,9 @@ async def test_r_resets_the_selected_breaker() -> None:
         assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "CLOSED"
         assert engine.providers["anthropic"].breaker.state(engine.clock.now()).value == "HALF_OPEN"
         assert operator_events(app)[-1] == ("reset breaker ollama", "tui")
+        toast = list(app._notifications)[-1]
+        assert toast.message == "Reset breaker ollama (was OPEN, 2 failures)"  # what was done, not "Done"
+        assert toast.title == "omniroute reset breaker ollama"
         await open_tab(pilot, "6")
         assert "omniroute reset breaker ollama" in event_keys(app)
 
@@ -138,6 +141,8 @@ async def test_R_asks_and_yes_resets_every_breaker() -> None:
         now = engine.clock.now()
         assert {p.breaker.state(now).value for p in engine.providers.values()} == {"CLOSED"}
         assert operator_events(app)[-1] == ("reset breaker --all", "tui")
+        toast = list(app._notifications)[-1].message
+        assert toast.endswith("(1 already so)")  # groq was CLOSED: it does not count as reset
 
 
 async def test_R_answered_no_changes_nothing() -> None:
@@ -381,3 +386,23 @@ async def test_table_keys_are_not_offered_where_there_is_no_table(tab: str) -> N
         await settle(pilot)
         shown = {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
         assert {"filter", "sort", "reverse"} <= shown
+
+
+async def test_toasts_hide_neither_the_status_lines_nor_the_confirmation() -> None:
+    from textual.widgets._toast import Toast
+
+    app = snapshot_app()
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await open_tab(pilot, "2")
+        await pilot.press("r")  # a toast
+        await settle(pilot)
+        await pilot.press("R")  # and the confirmation, while the toast is up
+        await pilot.pause()
+        await pilot.pause()
+        toasts = [t.region for screen in app.screen_stack for t in screen.query(Toast)]
+        assert toasts, "a toast is shown"
+        dialog = app.screen.query_one(".dialog").region
+        status = app.status.region  # on the main screen, under the dialog's screen
+        for region in toasts:
+            assert not region.overlaps(dialog), (region, dialog)
+            assert not region.overlaps(status), (region, status)
