@@ -8,7 +8,9 @@ written out as well: colour is never the only signal.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import time
 from typing import Final
 
@@ -127,3 +129,49 @@ def clip(text: str | None, width: int) -> str:
         return NONE
     flat = visible(" ".join(text.split()), limit=width)
     return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+_STATUS_AND_BODY = re.compile(r"^\s*(?P<status>\d{3})\b[\s:]*(?P<body>[\[{].*)$", re.DOTALL)
+_MESSAGE_FIELD = re.compile(r'"(?:message|detail|error_description)"\s*:\s*"(?P<text>(?:[^"\\]|\\.)*)')
+
+
+def readable_error(text: str | None) -> str | None:
+    """An upstream error as a person reads it: `401 Incorrect API key provided`, not
+    `401: {"error": {"message": ...`. The JSON wrapper (whole, or cut short) gives up its message;
+    text that is not one is returned as it is. The detail pane keeps the whole text."""
+    if not text:
+        return text
+    match = _STATUS_AND_BODY.match(text)
+    if match is None:
+        return text
+    status, body = match["status"], match["body"]
+    message = _json_message(body)
+    if message is None:
+        found = _MESSAGE_FIELD.search(body)  # a body cut short is no JSON: find the field itself
+        if found is None:
+            return text
+        try:
+            message = json.loads(f'"{found["text"].removesuffix(chr(92))}"')
+        except ValueError:
+            message = found["text"]
+    return f"{status} {message}"
+
+
+def _json_message(body: str) -> str | None:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    for _ in range(3):  # {"error": {"message": ...}}, {"error": "..."}, {"message": ...}, [{...}]
+        if isinstance(doc, list) and doc:
+            doc = doc[0]
+        if not isinstance(doc, dict):
+            return None
+        for key in ("message", "detail", "error_description"):
+            if isinstance(doc.get(key), str):
+                return str(doc[key])
+        inner = doc.get("error")
+        if isinstance(inner, str):
+            return inner
+        doc = inner
+    return None

@@ -145,3 +145,23 @@ def test_captions_count_in_words() -> None:
     assert caption(one).plain.startswith("1 lockout · ")
     many = TableSnapshot("connections", (), View(sort=2), 1200, ())
     assert caption(many).plain.startswith("1,200 connections · ")
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ('401: {"error":{"message":"Incorrect API key provided","type":"invalid_request_error"}}',
+         "401 Incorrect API key provided"),
+        ('429 {"error": {"message": "Rate limit reached for gpt-4o", "code": "rate_limit_exceeded"', "429 Rate limit reached for gpt-4o"),
+        ('400: {"error": "model \\"x\\" not found"}', '400 model "x" not found'),
+        ('503: [{"error": {"code": 503, "message": "overloaded"}}]', "503 overloaded"),
+        ('404: {"detail": "Not Found"}', "404 Not Found"),
+        ("connection refused", "connection refused"),
+        ("502: <html>bad gateway</html>", "502: <html>bad gateway</html>"),
+        ('500: {"unrelated": 1}', '500: {"unrelated": 1}'),
+    ],
+)  # fmt: skip
+def test_errors_read_as_their_message(raw: str, shown: str) -> None:
+    from omniroute_tui.format import readable_error
+
+    assert readable_error(raw) == shown
