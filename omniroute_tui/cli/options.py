@@ -23,7 +23,8 @@ UrlOpt = Annotated[
     typer.Option(
         "--url",
         envvar="OMNIROUTE_URL",
-        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's [server] host and port).",
+        # Escaped: typer renders help as Rich markup, where a bare `[server]` is a tag and vanishes.
+        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's \\[server] host and port).",
     ),
 ]
 TokenOpt = Annotated[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -199,3 +200,13 @@ def test_shell_completion_is_offered() -> None:
 def test_version() -> None:
     result = run("--version")
     assert (result.code, result.stdout) == (0, "omniroute 0.1.0\n")
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, []], ids=lambda c: " ".join(c) or "root")
+def test_help_text_has_no_swallowed_markup_or_double_space(command: list[str]) -> None:
+    """Rich reads `[server]` as a markup tag: unescaped, it vanished and left "the config's  host"."""
+    text = run(*command, "--help", env={"COLUMNS": "300"}).stdout
+    # Two spaces after a word and before a lowercase one: a gap inside a sentence, not column padding.
+    assert [line for line in text.splitlines() if re.search(r"[a-z,.;:')]  +[a-z]", line)] == []
+    if "--url" in text:
+        assert "the config's [server] host and port" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -58,6 +59,17 @@ def test_show_table_has_value_default_and_range(proxy: Instance) -> None:
     ]  # fmt: skip
     assert "an integer between 1000 and 86400000" in rows["providerBreaker.apikey.resetTimeoutMs"]
     assert "* differs from the default" in result.stdout
+
+
+def test_show_describes_each_class_with_the_right_article(proxy: Instance) -> None:
+    """Not "a OAuth provider" or "a API-key connection": the article follows the sound of the name."""
+    result = proxy.cli("settings", "show")  # COLUMNS=200: the description column is shown
+    assert result.code == 0, result.stderr
+    text = " ".join(result.stdout.split())  # the column wraps its cells
+    assert "an OAuth provider's breaker" in text
+    assert "an API-key connection" in text
+    assert "a local provider" in text
+    assert re.search(r"\ba (OAuth|API)", text) is None
 
 
 def test_set_int_patches_resilience(proxy: Instance) -> None:
