@@ -175,6 +175,41 @@ def test_bad_url_is_usage() -> None:
     assert one_line(result).startswith("--url 'ftp://example' is not a usable URL")
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999", "the port must be between 1 and 65535 (got 99999)"),
+        ("http://127.0.0.1:0", "the port must be between 1 and 65535 (got 0)"),
+        ("http://127.0.0.1:port", "the port must be a number between 1 and 65535 (got 'port')"),
+        ("http://:20128", "it names no host"),
+        ("localhost:20128", "the scheme must be http or https (got 'localhost')"),
+        ("127.0.0.1:20128", "the scheme must be http or https (got none)"),
+        ("http://[::1", "Invalid IPv6 URL"),
+    ],
+)
+def test_2_an_unusable_url_names_url_before_anything_is_sent(url: str, why: str) -> None:
+    """Not 3 ("no instance"): no instance can ever answer at such a URL, so it is bad usage."""
+    result = run("breakers", "--url", url)
+    assert result.code == 2
+    assert one_line(result) == f"--url {url!r} is not a usable URL: {why}"
+
+
+def test_2_an_unusable_url_from_the_environment_says_where_it_came_from() -> None:
+    result = run("status", env={"OMNIROUTE_URL": "http://127.0.0.1:99999"})
+    assert result.code == 2
+    assert one_line(result) == (
+        "--url 'http://127.0.0.1:99999' (from OMNIROUTE_URL) is not a usable URL:"
+        " the port must be between 1 and 65535 (got 99999)"
+    )
+
+
+@pytest.mark.parametrize("url", ["https://omniroute.example:443", "http://[::1]:20128", "http://localhost"])
+def test_a_usable_url_passes_the_check(url: str) -> None:
+    from omniroute_tui.cli.client import check_url
+
+    assert check_url(url) is None
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_every_command_has_help_with_an_example(command: list[str]) -> None:
     result = run(*command, "--help")
