@@ -24,8 +24,27 @@ HostOpt = Annotated[
 PortOpt = Annotated[int | None, typer.Option("--port", min=1, max=65535, help="Listen port (default 20128).")]
 DemoOpt = Annotated[
     bool,
-    typer.Option("--demo", help="Run against built-in simulated upstreams, state in a temporary directory."),
+    typer.Option(
+        "--demo",
+        help="Run against built-in simulated upstreams, state in a temporary directory (--config and --state are ignored).",
+    ),
 ]
+
+
+def _say_what_demo_ignores(demo: bool, config: str | None, state: str | None) -> None:
+    """One line on stderr when --demo drops --config or --state, which it used to do without a word.
+
+    Honouring them is not an option: the demo's settings and simulated providers would be written
+    into the operator's real state database (or run against a config it does not match).
+    """
+    ignored = [name for name, value in (("--config", config), ("--state", state)) if demo and value]
+    if ignored:
+        verb = "is" if len(ignored) == 1 else "are"
+        typer.echo(
+            "omniroute: --demo runs on its own simulated providers and a temporary state database:"
+            f" {' and '.join(ignored)} {verb} ignored",
+            err=True,
+        )
 
 
 @app.command(rich_help_panel=PANEL)
@@ -42,6 +61,7 @@ def serve(
     """
     from proxy.serve import Options, StartupError, run_headless
 
+    _say_what_demo_ignores(demo, config, state)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
@@ -81,6 +101,7 @@ def tui(
         typer.echo(f"omniroute: {problem}", err=True)
         raise typer.Exit(2)
 
+    _say_what_demo_ignores(demo, config, state)
     from omniroute_tui.app import run_tui
     from proxy.serve import Options
 
