@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from omniroute_tui import format as fmt
+from omniroute_tui.cli.exit_codes import HEALTHY_STATUSES, ExitCode
 from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
 from omniroute_tui.cli.output import (
     STATE_STYLES,
@@ -45,13 +46,15 @@ LOCKOUTS = "/api/resilience/model-cooldowns"
 def status(
     json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
 ) -> None:
-    """One-screen summary of the running instance.
+    """One-screen summary of the running instance; exits 6 when it is degraded (0 when healthy).
 
     Example: [bold]omniroute status --json | jq -r .status[/bold]
     """
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
     emit(health, json_=json_, human=lambda: _status_view(health, api.target.url))
+    if health.get("status") not in HEALTHY_STATUSES:
+        raise typer.Exit(int(ExitCode.DEGRADED))
 
 
 @app.command(rich_help_panel=PANEL)

@@ -57,7 +57,19 @@ def answering() -> Iterator[Answering]:
 def test_exit_codes_are_the_documented_ones() -> None:
     assert [(c.name, int(c)) for c in ExitCode] == [
         ("OK", 0), ("UNEXPECTED", 1), ("USAGE", 2), ("NO_INSTANCE", 3), ("AUTH", 4), ("NOT_FOUND", 5),
+        ("DEGRADED", 6),
     ]  # fmt: skip
+
+
+def test_every_exit_code_is_in_the_help_epilog_and_the_readme() -> None:
+    from pathlib import Path
+
+    epilog = " ".join(run("--help").stdout.split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    for code in ExitCode:
+        assert f"{int(code)} " in epilog, code
+        assert f"`{int(code)}` " in readme, code
+    assert "6 status: the instance is degraded" in epilog
 
 
 def test_0_ok(proxy: Instance) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from tests.cli.conftest import Instance, run
@@ -22,13 +23,15 @@ def test_status_json_is_the_health_document(proxy: Instance) -> None:
     busy(proxy)
     health = proxy.api(HEALTH)
     assert health["status"] == "degraded"
-    assert proxy.cli("status", "--json").json() == health
+    result = proxy.cli("status", "--json")
+    assert result.code == 6  # degraded (see test_status_exit_code_says_whether_the_instance_is_healthy)
+    assert json.loads(result.stdout) == health
 
 
 def test_status_human_summary(proxy: Instance) -> None:
     busy(proxy)
     result = proxy.cli("status")
-    assert result.code == 0, result.stderr
+    assert result.code == 6, result.stderr
     out = result.stdout
     assert f"omniroute 0.1.0 at {proxy.url}: DEGRADED" in out
     assert "1 open, 0 half-open, 0 degraded, 1 closed (of 2)" in out
@@ -36,6 +39,20 @@ def test_status_human_summary(proxy: Instance) -> None:
     assert "1 active" in out  # lockouts
     assert "alpha OPEN  2 failures, retry in 15s" in out
     assert "alpha/m1 on alpha-2: not_found, 2m 00s left" in out
+
+
+def test_status_exit_code_says_whether_the_instance_is_healthy(proxy: Instance) -> None:
+    """0 when healthy, 6 when degraded, the output the same either way: `omniroute status -o json || page`."""
+    for args in ((), ("--json",)):
+        healthy = proxy.cli("status", *args)
+        assert (healthy.code, healthy.stderr) == (0, "")
+    proxy.engine.providers["alpha"].breaker.record_failure(proxy.clock.now())  # local: DEGRADED at 1
+    assert proxy.api(HEALTH)["status"] == "degraded"
+    for args in ((), ("--json",)):
+        degraded = proxy.cli("status", *args)
+        assert (degraded.code, degraded.stderr) == (6, "")
+        assert "degraded" in degraded.stdout.lower()
+    assert proxy.cli("breakers").code == 0  # only `status` answers "is it healthy?" with its code
 
 
 def test_breakers_json_is_health_provider_breakers(proxy: Instance) -> None:
@@ -143,7 +160,8 @@ def test_json_output_is_the_only_thing_on_stdout(proxy: Instance) -> None:
     for command in ("status", "breakers", "connections", "cooldowns", "lockouts"):
         result = proxy.cli(command, "--json")
         assert result.stderr == ""
-        result.json()  # the whole of stdout parses
+        assert result.code == (6 if command == "status" else 0)  # busy: degraded
+        json.loads(result.stdout)  # the whole of stdout parses
 
 
 def test_url_and_token_come_from_the_config(make_instance: Callable[..., Instance]) -> None:
