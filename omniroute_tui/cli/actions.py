@@ -16,7 +16,7 @@ import typer
 
 from omniroute_tui.cli.client import Api
 from omniroute_tui.cli.exit_codes import InvalidValue, NotFound
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import cell, emit
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def reset_breaker(
     provider: Annotated[str | None, typer.Argument(help="Provider id, as in `omniroute breakers`.")] = None,
     all_: AllOpt = False,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -69,6 +70,7 @@ def reset_breaker(
 
     Examples: [bold]omniroute reset breaker openai[/bold], [bold]omniroute reset breaker --all[/bold]
     """
+    json_ = as_json(json_, output)
     _one_or_all(provider, all_, "PROVIDER")
     body = {} if all_ else {"provider": provider}
     with connect(url, token, config) as api:
@@ -85,6 +87,7 @@ def reset_connection(
     ] = None,
     all_: AllOpt = False,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -96,6 +99,7 @@ def reset_connection(
 
     Examples: [bold]omniroute reset connection openai-main[/bold], [bold]omniroute reset connection --all[/bold]
     """
+    json_ = as_json(json_, output)
     _one_or_all(connection_id, all_, "ID")
     with connect(url, token, config) as api:
         if connection_id is not None:
@@ -127,6 +131,7 @@ def reenable(
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Lift every model lockout.")] = False,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -138,6 +143,7 @@ def reenable(
     Examples: [bold]omniroute reenable openai/gpt-4o-mini[/bold],
     [bold]omniroute reenable openai/gpt-4o-mini --connection openai-main[/bold], [bold]omniroute reenable --all[/bold]
     """
+    json_ = as_json(json_, output)
     _one_or_all(target, all_, "PROVIDER/MODEL")
     if all_ and connection is not None:
         raise InvalidValue("--connection cannot be combined with --all")
@@ -184,6 +190,7 @@ IdArg = Annotated[str, typer.Argument(metavar="ID", help="Connection id, as in `
 def enable(
     connection_id: IdArg,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -192,6 +199,7 @@ def enable(
 
     Example: [bold]omniroute enable openai-main[/bold]
     """
+    json_ = as_json(json_, output)
     _set_enabled(connection_id, True, json_, url, token, config)
 
 
@@ -199,6 +207,7 @@ def enable(
 def disable(
     connection_id: IdArg,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -207,4 +216,5 @@ def disable(
 
     Example: [bold]omniroute disable openai-main[/bold]
     """
+    json_ = as_json(json_, output)
     _set_enabled(connection_id, False, json_, url, token, config)

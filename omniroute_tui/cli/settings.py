@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from omniroute_tui.cli.exit_codes import InvalidValue
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import cell, emit
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ SectionArg = Annotated[
 def show(
     section: SectionArg = None,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -103,6 +104,7 @@ def show(
     Examples: [bold]omniroute settings show providerBreaker.apikey[/bold],
     [bold]omniroute settings show modelLockout --json | jq .errorCodes[/bold]
     """
+    json_ = as_json(json_, output)
     if section is not None:
         _check_path(section, what="section")
     groups = [_group_of(section)] if section is not None else list(ROUTES)
@@ -151,6 +153,7 @@ def set_(
         str, typer.Argument(help="true/false, an integer, or comma-separated integers for errorCodes.")
     ],
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -161,6 +164,7 @@ def set_(
     [bold]omniroute settings set modelLockout.errorCodes 404,429,503[/bold],
     [bold]omniroute settings set modelLockout.enabled true[/bold]
     """
+    json_ = as_json(json_, output)
     from proxy.settings import field
 
     try:
@@ -187,6 +191,7 @@ def reset(
         str, typer.Argument(help="A section or any part of one: modelLockout, providerBreaker.apikey...")
     ],
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -196,6 +201,7 @@ def reset(
     Examples: [bold]omniroute settings reset providerBreaker[/bold],
     [bold]omniroute settings reset connectionCooldown.apikey[/bold]
     """
+    json_ = as_json(json_, output)
     from proxy.settings import defaults
 
     _check_path(section, what="section")

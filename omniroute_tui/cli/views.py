@@ -14,7 +14,7 @@ import typer
 
 from omniroute_tui import format as fmt
 from omniroute_tui.cli.exit_codes import HEALTHY_STATUSES, ExitCode
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import (
     STATE_STYLES,
     ago,
@@ -44,12 +44,17 @@ LOCKOUTS = "/api/resilience/model-cooldowns"
 
 @app.command(rich_help_panel=PANEL)
 def status(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """One-screen summary of the running instance; exits 6 when it is degraded (0 when healthy).
 
     Example: [bold]omniroute status --json | jq -r .status[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
     emit(health, json_=json_, human=lambda: _status_view(health, api.target.url))
@@ -59,12 +64,17 @@ def status(
 
 @app.command(rich_help_panel=PANEL)
 def breakers(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Provider circuit breakers (CLOSED, DEGRADED, OPEN, HALF_OPEN).
 
     Example: [bold]omniroute breakers --json | jq -r '.[] | select(.state == "OPEN") | .provider'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
     rows: list[dict[str, Any]] = health["providerBreakers"]
@@ -73,12 +83,17 @@ def breakers(
 
 @app.command(rich_help_panel=PANEL)
 def connections(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Every connection with its status, cooldown and last error.
 
     Example: [bold]omniroute connections --json | jq -r '.[] | select(.status != "active") | .id'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         rows: list[dict[str, Any]] = api.get(CONNECTIONS)["connections"]
     emit(rows, json_=json_, human=lambda: _connections_table(rows))
@@ -86,12 +101,17 @@ def connections(
 
 @app.command(rich_help_panel=PANEL)
 def cooldowns(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Connections that are cooling down (status "cooling").
 
     Example: [bold]omniroute cooldowns --json | jq 'length'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         everything: list[dict[str, Any]] = api.get(CONNECTIONS)["connections"]
     rows = [c for c in everything if c.get("status") == "cooling"]
@@ -100,12 +120,17 @@ def cooldowns(
 
 @app.command(rich_help_panel=PANEL)
 def lockouts(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Active model lockouts, longest first.
 
     Example: [bold]omniroute lockouts --json | jq -r '.[] | "\\(.provider)/\\(.model) \\(.remainingMs)"'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         rows: list[dict[str, Any]] = api.get(LOCKOUTS)["items"]
     emit(rows, json_=json_, human=lambda: _lockouts_table(rows))

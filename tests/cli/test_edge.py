@@ -236,6 +236,28 @@ def test_remote_commands_take_url_token_and_json() -> None:
             assert option in text, (command, option)
 
 
+def test_every_command_with_json_takes_o_json_as_an_alias() -> None:
+    with_json = [c for c in COMMANDS if "--json" in run(*c, "--help").stdout]
+    assert len(with_json) == 16
+    for command in with_json:
+        text = run(*command, "--help").stdout
+        assert "-o" in text and "--output" in text, command
+
+
+def test_o_json_prints_what_json_prints(proxy: Instance) -> None:
+    expected = proxy.cli("breakers", "--json")
+    assert expected.code == 0
+    for spelling in (["-o", "json"], ["-ojson"], ["--output", "json"], ["--output=json"]):
+        assert proxy.cli("breakers", *spelling) == expected, spelling
+    assert run("config", "path", "-o", "json").json() == run("config", "path", "--json").json()
+
+
+def test_o_takes_only_json() -> None:
+    result = run("breakers", "-o", "yaml")
+    assert result.code == 2
+    assert "'-o' / '--output'" in one_line(result) and "'yaml' is not one of 'json'" in one_line(result)
+
+
 def test_shell_completion_is_offered() -> None:
     text = run("--help").stdout
     assert "--install-completion" in text and "--show-completion" in text
