@@ -198,6 +198,10 @@ def _style(state: str) -> str:
     return STATE_STYLES.get(state, "")
 
 
+# Column titles are the console's (omniroute_tui.snapshot.COLUMNS, which this module must not import:
+# it loads the engine); tests/cli/test_views.py keeps the two lists equal.
+
+
 def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> RenderableType | None:
     if not rows:
         note("No providers are configured.")
@@ -207,7 +211,7 @@ def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> Renderable
         "Class",
         "State",
         "Failures",
-        "Degraded at / opens at",
+        "Degraded/opens at",
         "Retry in",
         "Open cycles",
         "Last failure",
@@ -228,8 +232,7 @@ def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> Renderable
 
 
 def _in_flight(c: dict[str, Any]) -> str:
-    limit = c.get("maxConcurrent")
-    return f"{c['inFlight']} / {limit if limit is not None else fmt.NONE}"
+    return fmt.in_flight(c["inFlight"], c.get("maxConcurrent"))
 
 
 def _connection_name(c: dict[str, Any]) -> str:
@@ -240,7 +243,7 @@ def _connections_table(rows: list[dict[str, Any]]) -> RenderableType | None:
     if not rows:
         note("No connections are configured.")
         return None
-    return _connection_rows(rows, "In-flight / max", _in_flight, cooldown_style="")
+    return _connection_rows(rows, "In-flight/max", _in_flight, cooldown_style="")
 
 
 def _cooldowns_table(rows: list[dict[str, Any]]) -> RenderableType | None:
@@ -262,7 +265,7 @@ def _connection_rows(
         "Provider",
         "Connection",
         "Status",
-        "Cooldown left",
+        "Cooldown",
         "Backoff",
         "Last error",
         "Code",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from tests.cli.conftest import Instance, run
+from tests.cli.conftest import Instance, Result, run
 
 HEALTH = "/api/monitoring/health"
 CONNECTIONS = "/api/resilience/connections"
@@ -69,7 +69,7 @@ def test_breakers_table_writes_states_and_durations(proxy: Instance) -> None:
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "Provider", "Class", "State", "Failures", "Degraded", "at", "/", "opens", "at", "Retry", "in",
+        "Provider", "Class", "State", "Failures", "Degraded/opens", "at", "Retry", "in",
         "Open", "cycles", "Last", "failure",
     ]  # fmt: skip
     alpha = next(line for line in lines if line.startswith("alpha"))
@@ -106,10 +106,38 @@ def test_connections_table(proxy: Instance) -> None:
         "503",
         "0",
         "/",
-        "—",
+        "∞",  # no cap: the console's notation (omniroute_tui.format.in_flight)
     ]
     assert rows["alpha-2"][2] == "disabled"
     assert rows["beta-1"] == ["beta", "beta-1", "(Beta", "main)", "active", "—", "0", "—", "—", "0", "/", "2"]
+
+
+def headers(result: Result) -> list[str]:
+    """The column titles of a table (two spaces or more between them)."""
+    assert result.code == 0, result.stderr
+    return [title for title in result.stdout.splitlines()[0].strip().split("  ") if title]
+
+
+def test_tables_have_the_consoles_column_titles(proxy: Instance) -> None:
+    """An operator reads the same column in the console and in the CLI under the same name."""
+    from omniroute_tui.snapshot import COLUMNS
+
+    busy(proxy)
+    for view in ("breakers", "connections", "lockouts"):
+        titles = [column.label for column in COLUMNS[view]]
+        assert [" ".join(h.split()) for h in headers(proxy.cli(view))] == titles, view
+
+
+def test_in_flight_is_written_the_same_way_as_in_the_console(proxy: Instance) -> None:
+    from omniroute_tui import format as fmt
+
+    assert (fmt.in_flight(0, None), fmt.in_flight(1, 2)) == ("0 / ∞", "1 / 2")
+    result = proxy.cli("connections")
+    assert result.code == 0, result.stderr
+    last = {
+        line.split()[1]: line.rstrip().rsplit("  ", 1)[-1].strip() for line in result.stdout.splitlines()[2:]
+    }
+    assert last == {"alpha-1": "0 / ∞", "alpha-2": "0 / ∞", "beta-1": "0 / 2"}
 
 
 def test_cooldowns_json_is_connections_filtered_to_cooling(proxy: Instance) -> None:
