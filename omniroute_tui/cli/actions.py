@@ -18,6 +18,7 @@ import typer
 
 from omniroute_tui import format as fmt
 from omniroute_tui.cli.client import Api
+from omniroute_tui.cli.complete import complete_connections, complete_locked_models, complete_providers
 from omniroute_tui.cli.exit_codes import InvalidValue, NotFound
 from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import cell, emit
@@ -104,6 +105,7 @@ def reset_breaker(
         list[str] | None,
         typer.Argument(
             metavar="PROVIDER",
+            autocompletion=complete_providers,
             help="Provider ids, as in `omniroute breakers`.",
             show_default=False,
         ),
@@ -143,6 +145,7 @@ def reset_connection(
         list[str] | None,
         typer.Argument(
             metavar="ID",
+            autocompletion=complete_connections,
             help="Connection ids, as in `omniroute connections`.",
             show_default=False,
         ),
@@ -189,13 +192,16 @@ def reenable(
         list[str] | None,
         typer.Argument(
             metavar="PROVIDER/MODEL",
+            autocompletion=complete_locked_models,
             help="Locked models, e.g. openai/gpt-4o-mini.",
             show_default=False,
         ),
     ] = None,
     connection: Annotated[
         str | None,
-        typer.Option("--connection", metavar="ID", help="Only on this connection."),
+        typer.Option(
+            "--connection", metavar="ID", help="Only on this connection.", autocompletion=complete_connections
+        ),
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Lift every model lockout.")] = False,
     json_: JsonOpt = False,
@@ -300,6 +306,7 @@ IdsArg = Annotated[
     list[str],
     typer.Argument(
         metavar="ID",
+        autocompletion=complete_connections,
         help="Connection ids, as in `omniroute connections`.",
         show_default=False,
     ),

@@ -114,14 +114,15 @@ def _error_of(response: httpx.Response) -> tuple[str | None, list[dict[str, Any]
 class Api:
     """A short-lived client for one command: `with Api(target) as api: api.get("/api/...")`."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, *, timeout: float = TIMEOUT_S) -> None:
         import httpx
 
         self.target = target
+        self.timeout_s = timeout
         headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
         try:
             self._client = httpx.Client(
-                base_url=target.url, headers=headers, timeout=TIMEOUT_S, trust_env=False
+                base_url=target.url, headers=headers, timeout=timeout, trust_env=False
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError) as exc:
             raise InvalidValue(f"--url {target.url!r} is not a usable URL ({exc})") from None
@@ -155,7 +156,7 @@ class Api:
             raise InvalidValue(f"--url {url!r} is not a usable URL ({exc})") from None
         except httpx.TimeoutException:
             raise NoInstance(
-                f"{url} did not answer within {TIMEOUT_S:g} s; is the instance hung? {START_HINT}"
+                f"{url} did not answer within {self.timeout_s:g} s; is the instance hung? {START_HINT}"
             ) from None
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__

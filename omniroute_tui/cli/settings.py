@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from omniroute_tui.cli.complete import complete_setting_keys, complete_setting_paths
 from omniroute_tui.cli.exit_codes import InvalidValue
 from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import cell, emit
@@ -83,7 +84,9 @@ def _text(value: object) -> str:
 SectionArg = Annotated[
     str | None,
     typer.Argument(
-        metavar="[SECTION]", help="A section or any part of one: requestQueue, providerBreaker.apikey..."
+        metavar="[SECTION]",
+        help="A section or any part of one: requestQueue, providerBreaker.apikey...",
+        autocompletion=complete_setting_paths,
     ),
 ]
 
@@ -155,6 +158,7 @@ def set_(
         list[str],
         typer.Argument(
             metavar="KEY=VALUE",
+            autocompletion=complete_setting_keys,
             help="Dotted keys and their values: true/false, an integer, or comma-separated integers for"
             " errorCodes. The form KEY VALUE (one setting) works too.",
             show_default=False,
@@ -260,7 +264,11 @@ def _merge(into: dict[str, Any], doc: dict[str, Any]) -> None:
 @app.command("reset")
 def reset(
     section: Annotated[
-        str, typer.Argument(help="A section or any part of one: modelLockout, providerBreaker.apikey...")
+        str,
+        typer.Argument(
+            help="A section or any part of one: modelLockout, providerBreaker.apikey...",
+            autocompletion=complete_setting_paths,
+        ),
     ],
     json_: JsonOpt = False,
     output: OutputOpt = None,
