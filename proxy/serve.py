@@ -20,6 +20,7 @@ from pathlib import Path
 
 import uvicorn
 
+from proxy import logs
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, load_config, resolve_config_path, resolve_state_path
 from proxy.runtime import Runtime
@@ -135,6 +136,7 @@ def run_headless(options: Options) -> None:
 
     async def main() -> None:
         async with instance(options) as runtime:
+            logs.log_events(runtime.bus)  # headless, the log is the only place state changes show
             server = runtime.config.server
             sock = bind_socket(server.host, server.port)
             for warning in runtime.warnings:
@@ -152,7 +154,7 @@ def run_headless(options: Options) -> None:
                 traffic = DemoTraffic(f"http://{server.host}:{server.port}")
                 traffic.start()
             try:
-                await serve(runtime, sock)
+                await serve(runtime, sock, log_level=logs.uvicorn_level())
             finally:
                 if traffic is not None:
                     await traffic.stop()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,15 @@ import pytest
 
 from proxy.serve import Options
 from tests.cli.conftest import run
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`serve` and `tui` set up the process's logging (a handler on CliRunner's stream, which closes)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers, root.level = handlers, level
 
 
 @pytest.fixture
@@ -100,3 +112,19 @@ def test_demo_alone_and_state_without_demo_say_nothing(
         assert run("serve", *args).stderr == ""
         assert run("tui", *args).stderr == ""
     assert len(fake_headless) == len(fake_console) == 2
+
+
+def test_tui_passes_the_log_level_to_the_console(
+    fake_console: list[tuple[Options, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's Events tab shows what the "omniroute" logger lets through: INFO with --log-level info."""
+    seen: list[bool] = []
+    module: Any = sys.modules["omniroute_tui.app"]
+    monkeypatch.setattr(module, "run_tui", lambda *a, **k: seen.append(log_enabled(logging.INFO)) or 0)
+    assert run("tui", "--log-level", "info", "--log-format", "json").code == 0
+    assert run("tui").code == 0  # default: warnings and errors only, as before
+    assert seen == [True, False]
+
+
+def log_enabled(level: int) -> bool:
+    return logging.getLogger("omniroute.events").isEnabledFor(level)
