@@ -76,6 +76,9 @@ EVENT_STYLES: Final[dict[str, str]] = {
 NONE: Final = "—"
 """What an empty cell shows (never happened, nothing left)."""
 
+NO_CAP: Final = "∞"
+"""A limit that is not set: unlimited, which a dash (nothing, never) would not say."""
+
 _DURATION_CACHE: dict[int, str] = {}
 
 
@@ -117,6 +120,11 @@ def count(n: int) -> str:
 def counted(n: int, noun: str) -> str:
     """`1 lockout`, `2 lockouts`, `1,234 connections`."""
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def in_flight(n: int, limit: int | None) -> str:
+    """Requests in flight over the connection's cap: `1 / 4`, `0 / ∞` without one (console and CLI alike)."""
+    return f"{n} / {limit if limit else NO_CAP}"
 
 
 def rate(per_second: float) -> str:

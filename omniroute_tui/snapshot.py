@@ -297,7 +297,7 @@ def connection_row(conn: ConnectionRuntime, now: float) -> Row:
             str(h.backoff_level),
             fmt.clip(fmt.readable_error(h.last_error), 32),
             str(h.error_code) if h.error_code is not None else fmt.NONE,
-            f"{conn.in_flight} / {limit if limit else '∞'}",
+            fmt.in_flight(conn.in_flight, limit),
         ),
         sort_keys=(
             spec.provider,

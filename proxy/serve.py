@@ -24,6 +24,7 @@ from pathlib import Path
 
 import uvicorn
 
+from proxy import logs
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, load_config, resolve_config_path, resolve_state_path
 from proxy.runtime import Runtime
@@ -191,6 +192,7 @@ def run_headless(options: Options) -> None:
 
     async def main(signals: StopSignals) -> None:
         async with instance(options) as runtime:
+            logs.log_events(runtime.bus)  # headless, the log is the only place state changes show
             server = runtime.config.server
             sock = bind_socket(server.host, server.port, token=server.management_token)
             for warning in runtime.warnings:
@@ -207,7 +209,7 @@ def run_headless(options: Options) -> None:
 
                 traffic = DemoTraffic(f"http://{server.host}:{server.port}")
                 traffic.start()
-            uvicorn_server = make_server(runtime, sock)
+            uvicorn_server = make_server(runtime, sock, log_level=logs.uvicorn_level())
 
             def stop(sig: signal.Signals) -> None:
                 # A terminal that went away (SIGHUP, or a signal after a hang-up) fails every write:

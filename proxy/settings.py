@@ -146,6 +146,8 @@ def _in_range(value: int, low: int | None, high: int | None) -> bool:
 # The schema: one row per leaf, in the order the API returns them and the cards show them.
 
 _CLASS_LABEL: dict[ProviderClass, str] = {"oauth": "OAuth", "apikey": "API-key", "local": "local"}
+_A_CLASS: dict[ProviderClass, str] = {"oauth": "an OAuth", "apikey": "an API-key", "local": "a local"}
+"""The label with its article: "a" or "an" goes by the sound of the word, which no rule on letters gets right."""
 _COOLDOWN_DEFAULTS: dict[ProviderClass, tuple[int, int, bool]] = {
     "oauth": (5000, 8, False),
     "apikey": (3000, 5, True),
@@ -179,12 +181,12 @@ def _request_queue() -> list[FieldSpec]:
 def _connection_cooldown(cls: ProviderClass) -> list[FieldSpec]:
     p = f"connectionCooldown.{cls}."
     base, steps, hints = _COOLDOWN_DEFAULTS[cls]
-    who = _CLASS_LABEL[cls]
+    who, a_who = _CLASS_LABEL[cls], _A_CLASS[cls]
     return [
         FieldSpec(p + "baseCooldownMs", "int", base, 0, 86_400_000,
                   f"First cooldown of a failing {who} connection, doubled per level (0 = never cool)"),
         FieldSpec(p + "maxBackoffSteps", "int", steps, 0, 32,
-                  f"Highest backoff level of a {who} connection (cooldown <= base * 2^steps)"),
+                  f"Highest backoff level of {a_who} connection (cooldown <= base * 2^steps)"),
         FieldSpec(p + "useUpstreamRetryHints", "bool", hints, None, None,
                   f"Let Retry-After and rate-limit reset hints set {who} cooldowns"),
     ]  # fmt: skip
@@ -193,12 +195,12 @@ def _connection_cooldown(cls: ProviderClass) -> list[FieldSpec]:
 def _provider_breaker(cls: ProviderClass) -> list[FieldSpec]:
     p = f"providerBreaker.{cls}."
     opens, degraded, reset = _BREAKER_DEFAULTS[cls]
-    who = _CLASS_LABEL[cls]
+    who, a_who = _CLASS_LABEL[cls], _A_CLASS[cls]
     return [
         FieldSpec(p + "failureThreshold", "int", opens, 1, 1000,
-                  f"Net failures that open a {who} provider's breaker"),
+                  f"Net failures that open {a_who} provider's breaker"),
         FieldSpec(p + "degradationThreshold", "int", degraded, 1, 1000,
-                  f"Net failures that mark a {who} provider DEGRADED (below failureThreshold)"),
+                  f"Net failures that mark {a_who} provider DEGRADED (below failureThreshold)"),
         FieldSpec(p + "resetTimeoutMs", "int", reset, 1000, 86_400_000,
                   f"How long an open {who} breaker blocks before a probe (x2 per cycle after 3, up to x16)"),
     ]  # fmt: skip

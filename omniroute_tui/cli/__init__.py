@@ -25,7 +25,7 @@ app = typer.Typer(
     help="Local LLM proxy with circuit breakers, cooldowns and model lockouts, plus its operator console.",
     epilog=(
         "Exit codes: 0 ok, 1 unexpected failure, 2 bad usage or invalid value, 3 no instance reachable,"
-        " 4 authentication refused, 5 no such provider / connection / model."
+        " 4 authentication refused, 5 no such provider / connection / model, 6 status: the instance is degraded."
     ),
     no_args_is_help=True,
     add_completion=True,

@@ -18,7 +18,7 @@ from omniroute_tui.cli.exit_codes import AuthRefused, InvalidValue, NoInstance, 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["START_HINT", "TIMEOUT_S", "Api", "Target", "resolve_target"]
+__all__ = ["START_HINT", "TIMEOUT_S", "Api", "Target", "check_url", "resolve_target"]
 
 TIMEOUT_S = 10.0
 """Per request. The management API answers from memory, so anything near this is a hung instance."""
@@ -47,7 +47,15 @@ def resolve_target(
     this machine's instance is never sent to a URL given by hand.
     """
     if url:
-        return Target(url.strip().rstrip("/"), token or None)
+        url = url.strip().rstrip("/")
+        problem = check_url(url)
+        if problem is not None:
+            # Exit 2, not 3: no instance can ever answer at such a URL, so retrying will not help.
+            source = (
+                " (from OMNIROUTE_URL)" if url == env.get("OMNIROUTE_URL", "").strip().rstrip("/") else ""
+            )
+            raise InvalidValue(f"--url {url!r}{source} is not a usable URL: {problem}")
+        return Target(url, token or None)
     from proxy.config import ConfigError, load_config, resolve_config_path
 
     explicit = bool(config or env.get("OMNIROUTE_CONFIG"))
@@ -63,6 +71,31 @@ def resolve_target(
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return Target(f"http://{host}:{server.port}", token or server.management_token)
+
+
+def check_url(url: str) -> str | None:
+    """What makes `url` unusable as an instance's address (scheme, host, port), or None if nothing does."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed IPv6 bracket
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme must be http or https (got {repr(parts.scheme) if parts.scheme else 'none'})"
+    if not parts.hostname:
+        return "it names no host"
+    # By hand: urlsplit's own `.port` accepts 0 and explains a bad one in its words, not ours.
+    hostport = parts.netloc.rpartition("@")[2]
+    port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
+    _, colon, digits = port.rpartition(":")
+    if not colon or not digits:
+        return None  # the scheme's default port
+    if not (digits.isascii() and digits.isdecimal()):
+        return f"the port must be a number between 1 and 65535 (got {digits!r})"
+    if not 1 <= int(digits) <= 65535:
+        return f"the port must be between 1 and 65535 (got {int(digits)})"
+    return None
 
 
 def _error_of(response: httpx.Response) -> tuple[str | None, list[dict[str, Any]]]:
@@ -81,14 +114,15 @@ def _error_of(response: httpx.Response) -> tuple[str | None, list[dict[str, Any]
 class Api:
     """A short-lived client for one command: `with Api(target) as api: api.get("/api/...")`."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, *, timeout: float = TIMEOUT_S) -> None:
         import httpx
 
         self.target = target
+        self.timeout_s = timeout
         headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
         try:
             self._client = httpx.Client(
-                base_url=target.url, headers=headers, timeout=TIMEOUT_S, trust_env=False
+                base_url=target.url, headers=headers, timeout=timeout, trust_env=False
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol, ValueError) as exc:
             raise InvalidValue(f"--url {target.url!r} is not a usable URL ({exc})") from None
@@ -122,7 +156,7 @@ class Api:
             raise InvalidValue(f"--url {url!r} is not a usable URL ({exc})") from None
         except httpx.TimeoutException:
             raise NoInstance(
-                f"{url} did not answer within {TIMEOUT_S:g} s; is the instance hung? {START_HINT}"
+                f"{url} did not answer within {self.timeout_s:g} s; is the instance hung? {START_HINT}"
             ) from None
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__

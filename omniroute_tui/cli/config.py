@@ -16,7 +16,7 @@ import typer
 
 from omniroute_tui import format as fmt
 from omniroute_tui.cli.exit_codes import InvalidValue, Unexpected
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, StateOpt
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, StateOpt, as_json
 from omniroute_tui.cli.output import cell, emit, note
 
 app = typer.Typer(help="Write, locate and validate the config file.", no_args_is_help=True)
@@ -65,12 +65,14 @@ def _write_private(path: Path, text: str, *, overwrite: bool) -> None:
 def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing config file.")] = False,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Write a starter config (mode 0600) with the local servers that answer now (ollama, lmstudio, llamacpp, vllm).
 
     Example: [bold]omniroute config init && omniroute config check[/bold]
     """
+    json_ = as_json(json_, output)
     from proxy.config import render_starter_config, resolve_config_path
 
     path = resolve_config_path(config, os.environ)
@@ -91,11 +93,14 @@ def init(
 
 
 @app.command("path")
-def path(json_: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None) -> None:
+def path(
+    json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = None, state: StateOpt = None
+) -> None:
     """Show where the config file and the state database are (and whether they exist).
 
     Example: [bold]$EDITOR "$(omniroute config path --json | jq -r .config)"[/bold]
     """
+    json_ = as_json(json_, output)
     from proxy.config import resolve_config_path, resolve_state_path
 
     config_path = resolve_config_path(config, os.environ)
@@ -121,11 +126,12 @@ def path(json_: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = Non
 
 
 @app.command("check")
-def check(json_: JsonOpt = False, config: ConfigOpt = None) -> None:
+def check(json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = None) -> None:
     """Load and validate the config file; exit 2 naming every problem.
 
     Example: [bold]omniroute config check --config ./config.toml[/bold]
     """
+    json_ = as_json(json_, output)
     from proxy.config import ConfigError, load_config, resolve_config_path
 
     config_path = resolve_config_path(config, os.environ)

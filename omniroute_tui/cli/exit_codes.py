@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 __all__ = [
+    "HEALTHY_STATUSES",
     "AuthRefused",
     "CliError",
     "ExitCode",
@@ -36,6 +37,15 @@ class ExitCode(IntEnum):
     """The instance refused the management token (401) or the client (403)."""
     NOT_FOUND = 5
     """No such provider, connection or model (lockout)."""
+    DEGRADED = 6
+    """`status` only: the instance answered, and it is not healthy (a breaker is not CLOSED).
+
+    Not a failure of the command (its output is printed as usual), so no message: the code lets a
+    script or a monitor ask "is it healthy?" without parsing the output."""
+
+
+HEALTHY_STATUSES = frozenset({"healthy", "ok"})
+"""What `GET /api/monitoring/health` says when nothing is degraded ("ok": OmniRoute's own spelling)."""
 
 
 class CliError(Exception):

@@ -5,9 +5,9 @@ uvicorn, Starlette and Textual are imported inside these commands only.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -24,8 +24,49 @@ HostOpt = Annotated[
 PortOpt = Annotated[int | None, typer.Option("--port", min=1, max=65535, help="Listen port (default 20128).")]
 DemoOpt = Annotated[
     bool,
-    typer.Option("--demo", help="Run against built-in simulated upstreams, state in a temporary directory."),
+    typer.Option(
+        "--demo",
+        help="Run against built-in simulated upstreams, state in a temporary directory (--config and --state are ignored).",
+    ),
 ]
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+LogFormatOpt = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        help="text, or json: one object per line (ts, level, logger, message, and an event's fields)."
+        " The console (tui) shows its log in the Events tab, where the format does not apply.",
+    ),
+]
+
+
+def _say_what_demo_ignores(demo: bool, config: str | None, state: str | None) -> None:
+    """One line on stderr when --demo drops --config or --state, which it used to do without a word.
+
+    Honouring them is not an option: the demo's settings and simulated providers would be written
+    into the operator's real state database (or run against a config it does not match).
+    """
+    ignored = [name for name, value in (("--config", config), ("--state", state)) if demo and value]
+    if ignored:
+        verb = "is" if len(ignored) == 1 else "are"
+        typer.echo(
+            "omniroute: --demo runs on its own simulated providers and a temporary state database:"
+            f" {' and '.join(ignored)} {verb} ignored",
+            err=True,
+        )
 
 
 @app.command(rich_help_panel=PANEL)
@@ -35,16 +76,26 @@ def serve(
     port: PortOpt = None,
     config: ConfigOpt = None,
     state: StateOpt = None,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(
+            "--log-level",
+            help="The least severe log lines written: info (the default) has one line per breaker"
+            " transition, cooldown, terminal state, lockout, settings change and operator action.",
+        ),
+    ] = LogLevel.info,
+    log_format: LogFormatOpt = LogFormat.text,
 ) -> None:
-    """Run the proxy headless (logs to stderr).
+    """Run the proxy headless, logging to stderr every state change of the engine.
 
-    Example: [bold]omniroute serve --port 20128[/bold], then point clients at http://127.0.0.1:20128/v1
+    Example: [bold]omniroute serve --port 20128[/bold], then point clients at http://127.0.0.1:20128/v1;
+    [bold]omniroute serve --log-format json 2>> omniroute.log[/bold]
     """
+    from proxy import logs
     from proxy.serve import Options, StartupError, run_headless
 
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    _say_what_demo_ignores(demo, config, state)
+    logs.configure(log_level.value, log_format.value)
     try:
         run_headless(Options(config=config, state=state, host=host, port=port, demo=demo))
     except StartupError as exc:
@@ -67,6 +118,15 @@ def tui(
     port: PortOpt = None,
     config: ConfigOpt = None,
     state: StateOpt = None,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(
+            "--log-level",
+            help="The least severe log lines shown in the Events tab (default warning; the engine's"
+            " state changes are there anyway). debug shows no more than info.",
+        ),
+    ] = LogLevel.warning,
+    log_format: LogFormatOpt = LogFormat.text,
 ) -> None:
     """Run the proxy and its operator console in one process (quitting stops both).
 
@@ -81,6 +141,13 @@ def tui(
         typer.echo(f"omniroute: {problem}", err=True)
         raise typer.Exit(2)
 
+    _say_what_demo_ignores(demo, config, state)
+    from proxy import logs
+
+    # Only the level: the console sends every record to its Events tab (whose handler passes INFO
+    # and above), so neither a stream nor a format applies there; --log-format is accepted so that
+    # serve and tui take the same options.
+    logs.set_level(log_level.value)
     from omniroute_tui.app import run_tui
     from proxy.serve import Options
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 
 from omniroute_tui.cli.client import Api, resolve_target
 
-__all__ = ["ConfigOpt", "JsonOpt", "StateOpt", "TokenOpt", "UrlOpt", "connect"]
+__all__ = [
+    "ConfigOpt",
+    "JsonOpt",
+    "Output",
+    "OutputOpt",
+    "StateOpt",
+    "TokenOpt",
+    "UrlOpt",
+    "as_json",
+    "connect",
+]
 
 ConfigOpt = Annotated[
     str | None,
@@ -23,7 +34,8 @@ UrlOpt = Annotated[
     typer.Option(
         "--url",
         envvar="OMNIROUTE_URL",
-        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's [server] host and port).",
+        # Escaped: typer renders help as Rich markup, where a bare `[server]` is a tag and vanishes.
+        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's \\[server] host and port).",
     ),
 ]
 TokenOpt = Annotated[
@@ -38,6 +50,23 @@ JsonOpt = Annotated[
     bool,
     typer.Option("--json", help="Print the management API's JSON unchanged (nothing else on stdout)."),
 ]
+
+
+class Output(StrEnum):
+    """What `-o` accepts: only JSON, the one format besides the default table (kubectl's and gh's spelling)."""
+
+    json = "json"
+
+
+OutputOpt = Annotated[
+    Output | None,
+    typer.Option("-o", "--output", help="Output format: [bold]-o json[/bold] is the same as --json."),
+]
+
+
+def as_json(json_: bool, output: Output | None) -> bool:
+    """Did the command line ask for JSON, as `--json` or as `-o json`?"""
+    return json_ or output is Output.json
 
 
 def connect(url: str | None, token: str | None, config: str | None) -> Api:

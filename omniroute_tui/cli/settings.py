@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from omniroute_tui.cli.complete import complete_setting_keys, complete_setting_paths
 from omniroute_tui.cli.exit_codes import InvalidValue
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import cell, emit
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ def _text(value: object) -> str:
 SectionArg = Annotated[
     str | None,
     typer.Argument(
-        metavar="[SECTION]", help="A section or any part of one: requestQueue, providerBreaker.apikey..."
+        metavar="[SECTION]",
+        help="A section or any part of one: requestQueue, providerBreaker.apikey...",
+        autocompletion=complete_setting_paths,
     ),
 ]
 
@@ -92,6 +95,7 @@ SectionArg = Annotated[
 def show(
     section: SectionArg = None,
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -103,6 +107,7 @@ def show(
     Examples: [bold]omniroute settings show providerBreaker.apikey[/bold],
     [bold]omniroute settings show modelLockout --json | jq .errorCodes[/bold]
     """
+    json_ = as_json(json_, output)
     if section is not None:
         _check_path(section, what="section")
     groups = [_group_of(section)] if section is not None else list(ROUTES)
@@ -144,23 +149,76 @@ def _settings_table(doc: dict[str, Any], section: str | None) -> RenderableType:
     return t
 
 
+EXAMPLE_PAIRS = "modelLockout.baseCooldownMs=60000 modelLockout.maxCooldownMs=90000"
+
+
 @app.command("set")
 def set_(
-    key: Annotated[str, typer.Argument(help="Dotted key, e.g. providerBreaker.apikey.failureThreshold.")],
-    value: Annotated[
-        str, typer.Argument(help="true/false, an integer, or comma-separated integers for errorCodes.")
+    assignments: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="KEY=VALUE",
+            autocompletion=complete_setting_keys,
+            help="Dotted keys and their values: true/false, an integer, or comma-separated integers for"
+            " errorCodes. The form KEY VALUE (one setting) works too.",
+            show_default=False,
+        ),
     ],
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Change one setting on the running instance (applies live and persists).
+    """Change settings on the running instance, all in one atomic change (applies live and persists).
 
-    Examples: [bold]omniroute settings set providerBreaker.apikey.failureThreshold 20[/bold],
-    [bold]omniroute settings set modelLockout.errorCodes 404,429,503[/bold],
-    [bold]omniroute settings set modelLockout.enabled true[/bold]
+    Several keys go in one PATCH, so a cross-field rule (maxCooldownMs >= baseCooldownMs) can be met
+    in one step, and one bad value changes nothing. modelLockout.* and the other sections are saved
+    separately, so they cannot be mixed in one command.
+
+    Examples: [bold]omniroute settings set providerBreaker.apikey.failureThreshold=20[/bold],
+    [bold]omniroute settings set modelLockout.baseCooldownMs=60000 modelLockout.maxCooldownMs=90000[/bold],
+    [bold]omniroute settings set modelLockout.errorCodes 404,429,503[/bold]
     """
+    json_ = as_json(json_, output)
+    pairs = _pairs(assignments)
+    parsed = {key: _parse(key, value) for key, value in pairs}
+    group = _one_group(list(parsed))
+    patch: dict[str, Any] = {}
+    for key, value in parsed.items():
+        _merge(patch, _nest(key, value))
+    with connect(url, token, config) as api:
+        answer = api.call("PATCH", ROUTES[group], patch)
+
+    def human() -> RenderableType:
+        from rich.text import Text
+
+        return Text("\n".join(f"{key} = {_text(_pick(answer, key))}" for key in parsed))
+
+    emit(answer, json_=json_, human=human)
+
+
+def _pairs(args: list[str]) -> list[tuple[str, str]]:
+    """`KEY=VALUE...`, or the older `KEY VALUE` (two arguments, the first without `=`)."""
+    if len(args) == 2 and "=" not in args[0]:
+        return [(args[0], args[1])]
+    pairs: list[tuple[str, str]] = []
+    for arg in args:
+        key, equals, value = arg.partition("=")
+        if not equals or not key.strip():
+            raise InvalidValue(
+                f"expected KEY=VALUE (got {arg!r}); e.g. `omniroute settings set {EXAMPLE_PAIRS}`"
+            )
+        pairs.append((key.strip(), value))
+    keys = [key for key, _ in pairs]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:
+        raise InvalidValue(f"{twice} is given twice")
+    return pairs
+
+
+def _parse(key: str, value: str) -> object:
+    """The typed value, range-checked against the schema the instance validates with."""
     from proxy.settings import field
 
     try:
@@ -171,22 +229,49 @@ def set_(
             f"{key} is a section, not a setting; `omniroute settings show {key}` lists its keys"
         ) from None
     try:
-        parsed = spec.parse(value)
+        return spec.parse(value)
     except ValueError as exc:
         message = str(exc)
         raise InvalidValue(message if "(got" in message else f"{message} (got {value!r})") from None
-    group = _group_of(key)
-    with connect(url, token, config) as api:
-        answer = api.call("PATCH", ROUTES[group], _nest(key, parsed))
-    emit(answer, json_=json_, human=lambda: cell(f"{key} = {_text(_pick(answer, key))}"))
+
+
+def _one_group(keys: list[str]) -> str:
+    """The one API group all keys belong to.
+
+    Each group is its own PATCH route; two PATCHes are not atomic (the second may be refused after
+    the first applied), so keys of both groups in one command are refused rather than half applied.
+    """
+    groups = {key: _group_of(key) for key in keys}
+    if len(set(groups.values())) == 1:
+        return groups[keys[0]]
+    first = next(k for k in keys if groups[k] == groups[keys[0]])
+    other = next(k for k in keys if groups[k] != groups[keys[0]])
+    routes = f"{ROUTES[groups[first]]}, {ROUTES[groups[other]]}"
+    raise InvalidValue(
+        f"{first} and {other} are saved separately ({routes}), so no one change can be atomic:"
+        " set them in two commands; nothing was changed"
+    )
+
+
+def _merge(into: dict[str, Any], doc: dict[str, Any]) -> None:
+    for key, value in doc.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 @app.command("reset")
 def reset(
     section: Annotated[
-        str, typer.Argument(help="A section or any part of one: modelLockout, providerBreaker.apikey...")
+        str,
+        typer.Argument(
+            help="A section or any part of one: modelLockout, providerBreaker.apikey...",
+            autocompletion=complete_setting_paths,
+        ),
     ],
     json_: JsonOpt = False,
+    output: OutputOpt = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
@@ -196,6 +281,7 @@ def reset(
     Examples: [bold]omniroute settings reset providerBreaker[/bold],
     [bold]omniroute settings reset connectionCooldown.apikey[/bold]
     """
+    json_ = as_json(json_, output)
     from proxy.settings import defaults
 
     _check_path(section, what="section")

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from omniroute_tui import format as fmt
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
+from omniroute_tui.cli.exit_codes import HEALTHY_STATUSES, ExitCode
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
 from omniroute_tui.cli.output import (
     STATE_STYLES,
     ago,
@@ -43,25 +44,37 @@ LOCKOUTS = "/api/resilience/model-cooldowns"
 
 @app.command(rich_help_panel=PANEL)
 def status(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
-    """One-screen summary of the running instance.
+    """One-screen summary of the running instance; exits 6 when it is degraded (0 when healthy).
 
     Example: [bold]omniroute status --json | jq -r .status[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
     emit(health, json_=json_, human=lambda: _status_view(health, api.target.url))
+    if health.get("status") not in HEALTHY_STATUSES:
+        raise typer.Exit(int(ExitCode.DEGRADED))
 
 
 @app.command(rich_help_panel=PANEL)
 def breakers(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Provider circuit breakers (CLOSED, DEGRADED, OPEN, HALF_OPEN).
 
     Example: [bold]omniroute breakers --json | jq -r '.[] | select(.state == "OPEN") | .provider'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
     rows: list[dict[str, Any]] = health["providerBreakers"]
@@ -70,12 +83,17 @@ def breakers(
 
 @app.command(rich_help_panel=PANEL)
 def connections(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Every connection with its status, cooldown and last error.
 
     Example: [bold]omniroute connections --json | jq -r '.[] | select(.status != "active") | .id'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         rows: list[dict[str, Any]] = api.get(CONNECTIONS)["connections"]
     emit(rows, json_=json_, human=lambda: _connections_table(rows))
@@ -83,12 +101,17 @@ def connections(
 
 @app.command(rich_help_panel=PANEL)
 def cooldowns(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Connections that are cooling down (status "cooling").
 
     Example: [bold]omniroute cooldowns --json | jq 'length'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         everything: list[dict[str, Any]] = api.get(CONNECTIONS)["connections"]
     rows = [c for c in everything if c.get("status") == "cooling"]
@@ -97,12 +120,17 @@ def cooldowns(
 
 @app.command(rich_help_panel=PANEL)
 def lockouts(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Active model lockouts, longest first.
 
     Example: [bold]omniroute lockouts --json | jq -r '.[] | "\\(.provider)/\\(.model) \\(.remainingMs)"'[/bold]
     """
+    json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         rows: list[dict[str, Any]] = api.get(LOCKOUTS)["items"]
     emit(rows, json_=json_, human=lambda: _lockouts_table(rows))
@@ -170,6 +198,10 @@ def _style(state: str) -> str:
     return STATE_STYLES.get(state, "")
 
 
+# Column titles are the console's (omniroute_tui.snapshot.COLUMNS, which this module must not import:
+# it loads the engine); tests/cli/test_views.py keeps the two lists equal.
+
+
 def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> RenderableType | None:
     if not rows:
         note("No providers are configured.")
@@ -179,7 +211,7 @@ def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> Renderable
         "Class",
         "State",
         "Failures",
-        "Degraded at / opens at",
+        "Degraded/opens at",
         "Retry in",
         "Open cycles",
         "Last failure",
@@ -200,8 +232,7 @@ def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> Renderable
 
 
 def _in_flight(c: dict[str, Any]) -> str:
-    limit = c.get("maxConcurrent")
-    return f"{c['inFlight']} / {limit if limit is not None else fmt.NONE}"
+    return fmt.in_flight(c["inFlight"], c.get("maxConcurrent"))
 
 
 def _connection_name(c: dict[str, Any]) -> str:
@@ -212,7 +243,7 @@ def _connections_table(rows: list[dict[str, Any]]) -> RenderableType | None:
     if not rows:
         note("No connections are configured.")
         return None
-    return _connection_rows(rows, "In-flight / max", _in_flight, cooldown_style="")
+    return _connection_rows(rows, "In-flight/max", _in_flight, cooldown_style="")
 
 
 def _cooldowns_table(rows: list[dict[str, Any]]) -> RenderableType | None:
@@ -234,7 +265,7 @@ def _connection_rows(
         "Provider",
         "Connection",
         "Status",
-        "Cooldown left",
+        "Cooldown",
         "Backoff",
         "Last error",
         "Code",

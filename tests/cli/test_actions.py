@@ -152,3 +152,119 @@ def test_reenable_bad_usage_exits_2(proxy: Instance) -> None:
     for args, message in cases.items():
         result = proxy.cli(*args)
         assert (result.code, result.stderr) == (2, f"omniroute: {message}\n"), args
+
+
+# -- several names per command (kubectl / gh style): all checked first, then all done -------------
+
+
+def test_reset_breaker_several(proxy: Instance) -> None:
+    proxy.open_breaker("alpha")
+    proxy.open_breaker("beta")
+    result = proxy.cli("reset", "breaker", "alpha", "beta")
+    assert (result.code, result.stdout) == (0, "Reset 2 breakers (alpha, beta).\n")
+    assert breaker_states(proxy) == {"alpha": "CLOSED", "beta": "CLOSED"}
+
+
+def test_several_names_json_is_the_list_of_answers_in_order(proxy: Instance) -> None:
+    proxy.open_breaker("beta")
+    answers = proxy.cli("reset", "breaker", "beta", "alpha", "--json").json()
+    assert answers == [{"ok": True, "resetCount": 1}, {"ok": True, "resetCount": 1}]
+    cleared = proxy.cli("reset", "connection", "beta-1", "alpha-1", "-o", "json").json()
+    assert [a["connection"]["id"] for a in cleared] == ["beta-1", "alpha-1"]
+
+
+def test_a_name_given_twice_is_acted_on_once(proxy: Instance) -> None:
+    proxy.open_breaker("alpha")
+    result = proxy.cli("reset", "breaker", "alpha", "alpha")
+    assert (result.code, result.stdout) == (0, "Reset 1 breaker (alpha).\n")
+
+
+def test_reset_breaker_with_an_unknown_name_changes_nothing(proxy: Instance) -> None:
+    proxy.open_breaker("alpha")
+    result = proxy.cli("reset", "breaker", "alpha", "nope", "ghost")
+    assert (result.code, result.stdout) == (5, "")
+    assert result.stderr == f"omniroute: no provider 'nope' or 'ghost' at {proxy.url}; nothing was changed\n"
+    assert breaker_states(proxy) == {"alpha": "OPEN", "beta": "CLOSED"}
+
+
+def test_reset_connection_several(proxy: Instance) -> None:
+    proxy.cool("alpha-1")
+    proxy.cool("beta-1")
+    result = proxy.cli("reset", "connection", "alpha-1", "beta-1")
+    assert (result.code, result.stdout) == (0, "Cleared 2 connections: alpha-1, beta-1.\n")
+    assert [c["status"] for c in proxy.api(CONNECTIONS)["connections"]] == ["active", "active", "active"]
+
+
+def test_reset_connection_with_an_unknown_name_changes_nothing(proxy: Instance) -> None:
+    proxy.cool("alpha-1")
+    result = proxy.cli("reset", "connection", "alpha-1", "a/b")
+    assert result.code == 5
+    assert result.stderr == f"omniroute: no connection 'a/b' at {proxy.url}; nothing was changed\n"
+    assert connection(proxy, "alpha-1")["status"] == "cooling"
+
+
+def test_reset_connection_names_or_all(proxy: Instance) -> None:
+    result = proxy.cli("reset", "connection", "alpha-1", "--all")
+    assert (result.code, result.stderr) == (2, "omniroute: give ID or --all, not both\n")
+
+
+def test_disable_and_enable_several(proxy: Instance) -> None:
+    result = proxy.cli("disable", "alpha-1", "beta-1")
+    assert (result.code, result.stdout) == (
+        0,
+        "Disabled 2 connections: alpha-1 (now disabled), beta-1 (now disabled).\n",
+    )
+    assert [connection(proxy, cid)["enabled"] for cid in ("alpha-1", "alpha-2", "beta-1")] == [
+        False,
+        True,
+        False,
+    ]
+    answers = proxy.cli("enable", "alpha-1", "beta-1", "--json").json()
+    assert answers == [
+        {"connection": connection(proxy, "alpha-1")},
+        {"connection": connection(proxy, "beta-1")},
+    ]
+
+
+def test_disable_with_an_unknown_name_changes_nothing(proxy: Instance) -> None:
+    for command in ("disable", "enable"):
+        result = proxy.cli(command, "alpha-1", "ghost")
+        assert (result.code, result.stderr) == (
+            5,
+            f"omniroute: no connection 'ghost' at {proxy.url}; nothing was changed\n",
+        )
+    assert connection(proxy, "alpha-1")["enabled"] is True
+
+
+def test_reenable_several(proxy: Instance) -> None:
+    proxy.lock("alpha-1", "m1")
+    proxy.lock("alpha-2", "m1")
+    proxy.lock("alpha-2", "m2")
+    proxy.lock("alpha-2", "m3")
+    result = proxy.cli("reenable", "alpha/m1", "alpha/m2")
+    assert (result.code, result.stdout) == (0, "Lifted 3 lockouts of alpha/m1, alpha/m2.\n")
+    assert lockouts(proxy) == {("alpha-2", "m3")}
+
+
+def test_reenable_several_with_one_not_locked_changes_nothing(proxy: Instance) -> None:
+    proxy.lock("alpha-1", "m1")
+    result = proxy.cli("reenable", "alpha/m1", "alpha/m9")
+    assert result.code == 5
+    assert result.stderr == (
+        "omniroute: no lockout on alpha/m9; `omniroute lockouts` lists the active ones; nothing was changed\n"
+    )
+    nope = proxy.cli("reenable", "alpha/m1", "nope/m1")
+    assert (nope.code, nope.stderr) == (
+        5,
+        f"omniroute: no provider 'nope' at {proxy.url}; nothing was changed\n",
+    )
+    assert lockouts(proxy) == {("alpha-1", "m1")}
+
+
+def test_reenable_several_on_one_connection(proxy: Instance) -> None:
+    proxy.lock("alpha-1", "m1")
+    proxy.lock("alpha-2", "m1")
+    proxy.lock("alpha-2", "m2")
+    answers = proxy.cli("reenable", "alpha/m1", "alpha/m2", "--connection", "alpha-2", "--json").json()
+    assert answers == [{"ok": True, "removed": 1}, {"ok": True, "removed": 1}]
+    assert lockouts(proxy) == {("alpha-1", "m1")}

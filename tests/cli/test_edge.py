@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -56,7 +57,19 @@ def answering() -> Iterator[Answering]:
 def test_exit_codes_are_the_documented_ones() -> None:
     assert [(c.name, int(c)) for c in ExitCode] == [
         ("OK", 0), ("UNEXPECTED", 1), ("USAGE", 2), ("NO_INSTANCE", 3), ("AUTH", 4), ("NOT_FOUND", 5),
+        ("DEGRADED", 6),
     ]  # fmt: skip
+
+
+def test_every_exit_code_is_in_the_help_epilog_and_the_readme() -> None:
+    from pathlib import Path
+
+    epilog = " ".join(run("--help").stdout.split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    for code in ExitCode:
+        assert f"{int(code)} " in epilog, code
+        assert f"`{int(code)}` " in readme, code
+    assert "6 status: the instance is degraded" in epilog
 
 
 def test_0_ok(proxy: Instance) -> None:
@@ -174,6 +187,41 @@ def test_bad_url_is_usage() -> None:
     assert one_line(result).startswith("--url 'ftp://example' is not a usable URL")
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://127.0.0.1:99999", "the port must be between 1 and 65535 (got 99999)"),
+        ("http://127.0.0.1:0", "the port must be between 1 and 65535 (got 0)"),
+        ("http://127.0.0.1:port", "the port must be a number between 1 and 65535 (got 'port')"),
+        ("http://:20128", "it names no host"),
+        ("localhost:20128", "the scheme must be http or https (got 'localhost')"),
+        ("127.0.0.1:20128", "the scheme must be http or https (got none)"),
+        ("http://[::1", "Invalid IPv6 URL"),
+    ],
+)
+def test_2_an_unusable_url_names_url_before_anything_is_sent(url: str, why: str) -> None:
+    """Not 3 ("no instance"): no instance can ever answer at such a URL, so it is bad usage."""
+    result = run("breakers", "--url", url)
+    assert result.code == 2
+    assert one_line(result) == f"--url {url!r} is not a usable URL: {why}"
+
+
+def test_2_an_unusable_url_from_the_environment_says_where_it_came_from() -> None:
+    result = run("status", env={"OMNIROUTE_URL": "http://127.0.0.1:99999"})
+    assert result.code == 2
+    assert one_line(result) == (
+        "--url 'http://127.0.0.1:99999' (from OMNIROUTE_URL) is not a usable URL:"
+        " the port must be between 1 and 65535 (got 99999)"
+    )
+
+
+@pytest.mark.parametrize("url", ["https://omniroute.example:443", "http://[::1]:20128", "http://localhost"])
+def test_a_usable_url_passes_the_check(url: str) -> None:
+    from omniroute_tui.cli.client import check_url
+
+    assert check_url(url) is None
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_every_command_has_help_with_an_example(command: list[str]) -> None:
     result = run(*command, "--help")
@@ -188,6 +236,28 @@ def test_remote_commands_take_url_token_and_json() -> None:
             assert option in text, (command, option)
 
 
+def test_every_command_with_json_takes_o_json_as_an_alias() -> None:
+    with_json = [c for c in COMMANDS if "--json" in run(*c, "--help").stdout]
+    assert len(with_json) == 16
+    for command in with_json:
+        text = run(*command, "--help").stdout
+        assert "-o" in text and "--output" in text, command
+
+
+def test_o_json_prints_what_json_prints(proxy: Instance) -> None:
+    expected = proxy.cli("breakers", "--json")
+    assert expected.code == 0
+    for spelling in (["-o", "json"], ["-ojson"], ["--output", "json"], ["--output=json"]):
+        assert proxy.cli("breakers", *spelling) == expected, spelling
+    assert run("config", "path", "-o", "json").json() == run("config", "path", "--json").json()
+
+
+def test_o_takes_only_json() -> None:
+    result = run("breakers", "-o", "yaml")
+    assert result.code == 2
+    assert "'-o' / '--output'" in one_line(result) and "'yaml' is not one of 'json'" in one_line(result)
+
+
 def test_shell_completion_is_offered() -> None:
     text = run("--help").stdout
     assert "--install-completion" in text and "--show-completion" in text
@@ -199,3 +269,13 @@ def test_shell_completion_is_offered() -> None:
 def test_version() -> None:
     result = run("--version")
     assert (result.code, result.stdout) == (0, "omniroute 0.1.0\n")
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, []], ids=lambda c: " ".join(c) or "root")
+def test_help_text_has_no_swallowed_markup_or_double_space(command: list[str]) -> None:
+    """Rich reads `[server]` as a markup tag: unescaped, it vanished and left "the config's  host"."""
+    text = run(*command, "--help", env={"COLUMNS": "300"}).stdout
+    # Two spaces after a word and before a lowercase one: a gap inside a sentence, not column padding.
+    assert [line for line in text.splitlines() if re.search(r"[a-z,.;:')]  +[a-z]", line)] == []
+    if "--url" in text:
+        assert "the config's [server] host and port" in text

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,15 @@ import pytest
 
 from proxy.serve import Options
 from tests.cli.conftest import run
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`serve` and `tui` set up the process's logging (a handler on CliRunner's stream, which closes)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers, root.level = handlers, level
 
 
 @pytest.fixture
@@ -60,3 +72,59 @@ def test_serve_with_a_broken_config_exits_2(tmp_path: Path) -> None:
     result = run("serve", "--config", str(path))
     assert result.code == 2
     assert result.stderr.startswith(f"omniroute: {path}: ")
+
+
+@pytest.fixture
+def fake_headless(monkeypatch: pytest.MonkeyPatch) -> list[Options]:
+    """`proxy.serve.run_headless` recording its options instead of serving."""
+    calls: list[Options] = []
+    monkeypatch.setattr("proxy.serve.run_headless", calls.append)
+    return calls
+
+
+DEMO_IGNORES = (
+    "omniroute: --demo runs on its own simulated providers and a temporary state database: {what} ignored\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("extra", "what"),
+    [
+        (["--state", "s.db"], "--state is"),
+        (["--config", "c.toml"], "--config is"),
+        (["--config", "c.toml", "--state", "s.db"], "--config and --state are"),
+    ],
+)
+def test_demo_says_on_stderr_which_options_it_ignores(
+    fake_console: list[tuple[Options, bool]], fake_headless: list[Options], extra: list[str], what: str
+) -> None:
+    """--state (and --config) with --demo used to be dropped without a word."""
+    for command, calls in (("serve", fake_headless), ("tui", fake_console)):
+        result = run(command, "--demo", *extra)
+        assert result.stderr == DEMO_IGNORES.format(what=what), command
+        assert len(calls) == 1, command  # a note, not a refusal: the demo still runs
+
+
+def test_demo_alone_and_state_without_demo_say_nothing(
+    fake_console: list[tuple[Options, bool]], fake_headless: list[Options], tmp_path: Path
+) -> None:
+    for args in (["--demo"], ["--state", str(tmp_path / "s.db")]):
+        assert run("serve", *args).stderr == ""
+        assert run("tui", *args).stderr == ""
+    assert len(fake_headless) == len(fake_console) == 2
+
+
+def test_tui_passes_the_log_level_to_the_console(
+    fake_console: list[tuple[Options, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's Events tab shows what the "omniroute" logger lets through: INFO with --log-level info."""
+    seen: list[bool] = []
+    module: Any = sys.modules["omniroute_tui.app"]
+    monkeypatch.setattr(module, "run_tui", lambda *a, **k: seen.append(log_enabled(logging.INFO)) or 0)
+    assert run("tui", "--log-level", "info", "--log-format", "json").code == 0
+    assert run("tui").code == 0  # default: warnings and errors only, as before
+    assert seen == [True, False]
+
+
+def log_enabled(level: int) -> bool:
+    return logging.getLogger("omniroute.events").isEnabledFor(level)

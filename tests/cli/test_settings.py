@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -58,6 +59,17 @@ def test_show_table_has_value_default_and_range(proxy: Instance) -> None:
     ]  # fmt: skip
     assert "an integer between 1000 and 86400000" in rows["providerBreaker.apikey.resetTimeoutMs"]
     assert "* differs from the default" in result.stdout
+
+
+def test_show_describes_each_class_with_the_right_article(proxy: Instance) -> None:
+    """Not "a OAuth provider" or "a API-key connection": the article follows the sound of the name."""
+    result = proxy.cli("settings", "show")  # COLUMNS=200: the description column is shown
+    assert result.code == 0, result.stderr
+    text = " ".join(result.stdout.split())  # the column wraps its cells
+    assert "an OAuth provider's breaker" in text
+    assert "an API-key connection" in text
+    assert "a local provider" in text
+    assert re.search(r"\ba (OAuth|API)", text) is None
 
 
 def test_set_int_patches_resilience(proxy: Instance) -> None:
@@ -150,6 +162,87 @@ def test_set_cross_field_rule_rejected_by_the_instance_exits_2(proxy: Instance) 
         " must be lower than failureThreshold (12)\n"
     )
     assert proxy.api("/api/resilience")["providerBreaker"]["apikey"]["degradationThreshold"] == 7
+
+
+# -- several KEY=VALUE pairs: one atomic PATCH ------------------------------------------------------
+
+
+def test_set_several_pairs_meets_a_cross_field_rule_in_one_step(proxy: Instance) -> None:
+    """maxCooldownMs 90000 alone is below the default base (120000); with the base it is fine."""
+    alone = proxy.cli("settings", "set", "modelLockout.maxCooldownMs=90000")
+    assert alone.code == 2 and "maxCooldownMs" in alone.stderr
+    result = proxy.cli(
+        "settings", "set", "modelLockout.baseCooldownMs=60000", "modelLockout.maxCooldownMs=90000"
+    )
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout == "modelLockout.baseCooldownMs = 60000\nmodelLockout.maxCooldownMs = 90000\n"
+    lockout = proxy.api("/api/settings")["modelLockout"]
+    assert (lockout["baseCooldownMs"], lockout["maxCooldownMs"]) == (60000, 90000)
+
+
+def test_set_pairs_json_is_the_patch_answer(proxy: Instance) -> None:
+    answer = proxy.cli(
+        "settings",
+        "set",
+        "providerBreaker.apikey.failureThreshold=20",
+        "sessionAffinity.ttlMs=0",
+        "-o",
+        "json",
+    ).json()
+    assert answer == proxy.api("/api/resilience")
+    assert (answer["providerBreaker"]["apikey"]["failureThreshold"], answer["sessionAffinity"]["ttlMs"]) == (
+        20,
+        0,
+    )
+
+
+def test_set_pairs_with_one_bad_value_changes_nothing_and_names_it(proxy: Instance) -> None:
+    before = live(proxy)
+    result = run(
+        "settings", "set", "sessionAffinity.ttlMs=0", "requestQueue.maxWaitMs=99999", "--url", proxy.url
+    )
+    assert (result.code, result.stderr) == (
+        2,
+        "omniroute: requestQueue.maxWaitMs: must be an integer between 1 and 30000 (got '99999')\n",
+    )
+    assert live(proxy) == before
+
+
+def test_set_refuses_to_mix_model_lockout_with_the_other_sections(proxy: Instance) -> None:
+    """Two groups are two PATCHes: the second could fail after the first applied, so it is refused."""
+    before = live(proxy)
+    result = proxy.cli("settings", "set", "modelLockout.enabled=true", "requestQueue.maxWaitMs=1000")
+    assert result.code == 2
+    assert result.stderr == (
+        "omniroute: modelLockout.enabled and requestQueue.maxWaitMs are saved separately (/api/settings,"
+        " /api/resilience), so no one change can be atomic: set them in two commands; nothing was changed\n"
+    )
+    assert live(proxy) == before
+
+
+EXAMPLE = "e.g. `omniroute settings set modelLockout.baseCooldownMs=60000 modelLockout.maxCooldownMs=90000`"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["requestQueue.maxWaitMs=1000", "sessionAffinity.ttlMs"],
+            f"expected KEY=VALUE (got 'sessionAffinity.ttlMs'); {EXAMPLE}",
+        ),
+        (["=5"], f"expected KEY=VALUE (got '=5'); {EXAMPLE}"),
+        (["requestQueue.maxWaitMs"], f"expected KEY=VALUE (got 'requestQueue.maxWaitMs'); {EXAMPLE}"),
+        (
+            ["requestQueue.maxWaitMs=1000", "requestQueue.maxWaitMs=2000"],
+            "requestQueue.maxWaitMs is given twice",
+        ),
+    ],
+)
+def test_set_pairs_bad_usage_exits_2(proxy: Instance, args: list[str], message: str) -> None:
+    before = live(proxy)
+    result = proxy.cli("settings", "set", *args)
+    assert (result.code, result.stderr) == (2, f"omniroute: {message}\n")
+    assert live(proxy) == before
 
 
 def test_reset_section_loads_its_defaults(proxy: Instance) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
-from tests.cli.conftest import Instance, run
+from tests.cli.conftest import Instance, Result, run
 
 HEALTH = "/api/monitoring/health"
 CONNECTIONS = "/api/resilience/connections"
@@ -22,13 +23,15 @@ def test_status_json_is_the_health_document(proxy: Instance) -> None:
     busy(proxy)
     health = proxy.api(HEALTH)
     assert health["status"] == "degraded"
-    assert proxy.cli("status", "--json").json() == health
+    result = proxy.cli("status", "--json")
+    assert result.code == 6  # degraded (see test_status_exit_code_says_whether_the_instance_is_healthy)
+    assert json.loads(result.stdout) == health
 
 
 def test_status_human_summary(proxy: Instance) -> None:
     busy(proxy)
     result = proxy.cli("status")
-    assert result.code == 0, result.stderr
+    assert result.code == 6, result.stderr
     out = result.stdout
     assert f"omniroute 0.1.0 at {proxy.url}: DEGRADED" in out
     assert "1 open, 0 half-open, 0 degraded, 1 closed (of 2)" in out
@@ -36,6 +39,20 @@ def test_status_human_summary(proxy: Instance) -> None:
     assert "1 active" in out  # lockouts
     assert "alpha OPEN  2 failures, retry in 15s" in out
     assert "alpha/m1 on alpha-2: not_found, 2m 00s left" in out
+
+
+def test_status_exit_code_says_whether_the_instance_is_healthy(proxy: Instance) -> None:
+    """0 when healthy, 6 when degraded, the output the same either way: `omniroute status -o json || page`."""
+    for args in ((), ("--json",)):
+        healthy = proxy.cli("status", *args)
+        assert (healthy.code, healthy.stderr) == (0, "")
+    proxy.engine.providers["alpha"].breaker.record_failure(proxy.clock.now())  # local: DEGRADED at 1
+    assert proxy.api(HEALTH)["status"] == "degraded"
+    for args in ((), ("--json",)):
+        degraded = proxy.cli("status", *args)
+        assert (degraded.code, degraded.stderr) == (6, "")
+        assert "degraded" in degraded.stdout.lower()
+    assert proxy.cli("breakers").code == 0  # only `status` answers "is it healthy?" with its code
 
 
 def test_breakers_json_is_health_provider_breakers(proxy: Instance) -> None:
@@ -52,7 +69,7 @@ def test_breakers_table_writes_states_and_durations(proxy: Instance) -> None:
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "Provider", "Class", "State", "Failures", "Degraded", "at", "/", "opens", "at", "Retry", "in",
+        "Provider", "Class", "State", "Failures", "Degraded/opens", "at", "Retry", "in",
         "Open", "cycles", "Last", "failure",
     ]  # fmt: skip
     alpha = next(line for line in lines if line.startswith("alpha"))
@@ -89,10 +106,38 @@ def test_connections_table(proxy: Instance) -> None:
         "503",
         "0",
         "/",
-        "—",
+        "∞",  # no cap: the console's notation (omniroute_tui.format.in_flight)
     ]
     assert rows["alpha-2"][2] == "disabled"
     assert rows["beta-1"] == ["beta", "beta-1", "(Beta", "main)", "active", "—", "0", "—", "—", "0", "/", "2"]
+
+
+def headers(result: Result) -> list[str]:
+    """The column titles of a table (two spaces or more between them)."""
+    assert result.code == 0, result.stderr
+    return [title for title in result.stdout.splitlines()[0].strip().split("  ") if title]
+
+
+def test_tables_have_the_consoles_column_titles(proxy: Instance) -> None:
+    """An operator reads the same column in the console and in the CLI under the same name."""
+    from omniroute_tui.snapshot import COLUMNS
+
+    busy(proxy)
+    for view in ("breakers", "connections", "lockouts"):
+        titles = [column.label for column in COLUMNS[view]]
+        assert [" ".join(h.split()) for h in headers(proxy.cli(view))] == titles, view
+
+
+def test_in_flight_is_written_the_same_way_as_in_the_console(proxy: Instance) -> None:
+    from omniroute_tui import format as fmt
+
+    assert (fmt.in_flight(0, None), fmt.in_flight(1, 2)) == ("0 / ∞", "1 / 2")
+    result = proxy.cli("connections")
+    assert result.code == 0, result.stderr
+    last = {
+        line.split()[1]: line.rstrip().rsplit("  ", 1)[-1].strip() for line in result.stdout.splitlines()[2:]
+    }
+    assert last == {"alpha-1": "0 / ∞", "alpha-2": "0 / ∞", "beta-1": "0 / 2"}
 
 
 def test_cooldowns_json_is_connections_filtered_to_cooling(proxy: Instance) -> None:
@@ -143,7 +188,8 @@ def test_json_output_is_the_only_thing_on_stdout(proxy: Instance) -> None:
     for command in ("status", "breakers", "connections", "cooldowns", "lockouts"):
         result = proxy.cli(command, "--json")
         assert result.stderr == ""
-        result.json()  # the whole of stdout parses
+        assert result.code == (6 if command == "status" else 0)  # busy: degraded
+        json.loads(result.stdout)  # the whole of stdout parses
 
 
 def test_url_and_token_come_from_the_config(make_instance: Callable[..., Instance]) -> None:
