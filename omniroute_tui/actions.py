@@ -27,11 +27,19 @@ class Action:
     targets: tuple[tuple[str, ...], ...]
     """Row targets: (provider,), (connection id,) or (provider, connection id, model)."""
     scope: Scope = "row"
+    ask: bool = False
+    """Ask even for one row: the command palette acts on a row the operator may not be looking at."""
+    label: str = ""
+    """The one row in words ("flaky (now OPEN)"), for that question."""
 
     @property
     def bulk(self) -> bool:
-        """Acts on every row shown: asks first (single-row actions never do)."""
+        """Acts on every row shown: asks first (single-row actions from a key never do)."""
         return self.scope != "row"
+
+    @property
+    def asks(self) -> bool:
+        return self.bulk or self.ask
 
     def describe(self) -> str:
         """The question the confirmation dialog asks."""
@@ -40,6 +48,8 @@ class Action:
         verb = {"breakers": "Reset", "connections": "Clear", "lockouts": "Re-enable"}[self.table]
         if self.verb == "toggle":
             verb = "Enable/disable"
+        if not self.bulk:
+            return f"{verb} {noun} {self.label}?"
         plural = "" if n == 1 else "s"
         scope = " (every row)" if self.scope == "all" else " (every row the filter shows)"
         return f"{verb} {n:,} {noun}{plural}{scope}?"

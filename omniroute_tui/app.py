@@ -68,7 +68,9 @@ class OmniRouteApp(App[int]):
         Binding("6", "show_tab('events')", "Events", show=False, id="tab-events"),
         Binding("slash", "filter", "Filter", tooltip="Show only rows containing a text", id="filter"),
         Binding("s", "sort", "Sort", tooltip="Sort by the next column", id="sort"),
-        Binding("S", "reverse", "Reverse", tooltip="Reverse the sort order", id="reverse"),
+        # Not on the key bar (80 columns must keep p, ? and q): in help and the palette.
+        Binding("S", "reverse", "Reverse", tooltip="Reverse the sort order", show=False, id="reverse"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="clear-filter"),
         Binding("p", "pause", "Pause", tooltip="Pause or resume live updates", id="pause"),
         Binding("question_mark", "help", "Help", tooltip="List every key", id="help"),
         Binding("q", "quit", "Quit", tooltip="Stop the proxy and leave", id="quit"),
@@ -97,6 +99,8 @@ class OmniRouteApp(App[int]):
         self._cleanup = ExitStack()
         self._quitting = False
         self._visited: set[str] = {"overview"}
+        self._palette_action: tuple[str, actions.Verb, bool] | None = None
+        """A table action from the command palette, waiting for its tab's rows."""
         self.status = StatusHeader()
         self.tabs = TabbedContent(initial="overview", id="tabs")
         self.overview = OverviewPane(id="overview-pane")
@@ -117,7 +121,7 @@ class OmniRouteApp(App[int]):
             with TabPane("6 Events", id="events"):
                 yield self.panes["events"]
         yield self.status  # below the tabs: see omniroute.tcss
-        yield Footer()
+        yield Footer(compact=True)
 
     # -- typed DOM accessors (held, not queried: a query only searches the active screen) ---------
 
@@ -211,6 +215,11 @@ class OmniRouteApp(App[int]):
             self.overview.apply(snapshot.overview)
         if snapshot.table is not None:
             self.panes[snapshot.table.name].apply(snapshot.table)
+            pending = self._palette_action
+            if pending is not None and pending[0] == snapshot.table.name:
+                self._palette_action = None
+                tab, verb, every_row = pending
+                self.table(tab).request(verb, every_row=every_row, ask=True)
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
@@ -247,7 +256,7 @@ class OmniRouteApp(App[int]):
         action = message.action
         if self.read_only:
             self.notify("read-only mode: actions are disabled", severity="warning")
-        elif action.bulk:
+        elif action.asks:
 
             def answered(yes: bool | None) -> None:
                 if yes:
@@ -291,15 +300,31 @@ class OmniRouteApp(App[int]):
                 )
 
     def table_action(self, tab: str, action: str) -> None:
-        """Run a table's key from elsewhere (the command palette): show the tab, then act."""
+        """Run a table's key from elsewhere (the command palette): show the tab, then act, asking
+        first even for one row (which row is selected there is not what the operator was looking
+        at): the question names the row and its state."""
         self.action_show_tab(tab)
-        self.call_after_refresh(self.table(tab).run_action, action)
+        table = self.table(tab)
+        verbs: dict[str, tuple[actions.Verb, bool]] = {
+            "reset": ("reset", False),
+            "reset_shown": ("reset", True),
+            "toggle_enabled": ("toggle", False),
+        }
+        if action in verbs:
+            # After the tab's next snapshot: a tab not shown before has no rows yet to act on.
+            self._palette_action = (tab, *verbs[action])
+            self.feed.request()
+        else:
+            self.call_after_refresh(table.run_action, action)
 
     # -- view keys ---------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("filter", "sort", "reverse"):  # hidden where there is no table to act on
             return self.active_tab in TABLE_TABS
+        if action == "clear_filter":  # else escape is left to whatever else wants it
+            tab = self.active_tab
+            return tab in TABLE_TABS and bool(self.feed.views[tab].filter.strip())
         return True
 
     def action_show_tab(self, tab: str) -> None:
@@ -311,6 +336,7 @@ class OmniRouteApp(App[int]):
     def _set_view(self, tab: str, view: View) -> None:
         self.feed.views[tab] = view
         self.feed.request()
+        self.refresh_bindings()  # escape clears a filter only while there is one
 
     def action_filter(self) -> None:
         tab = self.active_tab
@@ -321,6 +347,11 @@ class OmniRouteApp(App[int]):
                 self._set_view(tab, View(text, view.sort, view.reverse))
 
         self.push_screen(FilterScreen(tab, view.filter), filtered)
+
+    def action_clear_filter(self) -> None:
+        tab = self.active_tab
+        view = self.feed.views[tab]
+        self._set_view(tab, View("", view.sort, view.reverse))
 
     def action_sort(self) -> None:
         tab = self.active_tab

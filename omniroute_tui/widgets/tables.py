@@ -42,16 +42,18 @@ class ResourceTable(ScrollView, can_focus=True):
 
     TABLE: ClassVar[str]
     NOUN: ClassVar[str] = "row"
+    FOLLOWS_TOP: ClassVar[bool] = False
+    """A cursor on the first row stays on the first row as new rows arrive (like `tail -f`)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"resource-table--header", "resource-table--cursor"}
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "cursor(-1)", "Previous row", show=False, id="cursor-up"),
-        Binding("down", "cursor(1)", "Next row", show=False, id="cursor-down"),
-        Binding("pageup", "page(-1)", "Page up", show=False, id="cursor-page-up"),
-        Binding("pagedown", "page(1)", "Page down", show=False, id="cursor-page-down"),
-        Binding("home", "jump(0)", "First row", show=False, id="cursor-first"),
-        Binding("end", "jump(-1)", "Last row", show=False, id="cursor-last"),
+        Binding("up,k", "cursor(-1)", "Previous row", show=False, id="cursor-up"),
+        Binding("down,j", "cursor(1)", "Next row", show=False, id="cursor-down"),
+        Binding("pageup,ctrl+b", "page(-1)", "Page up", show=False, id="cursor-page-up"),
+        Binding("pagedown,ctrl+f", "page(1)", "Page down", show=False, id="cursor-page-down"),
+        Binding("home,g", "jump(0)", "First row", show=False, id="cursor-first"),
+        Binding("end,G", "jump(-1)", "Last row", show=False, id="cursor-last"),
         Binding("left", "scroll_left", "Scroll left", show=False, id="scroll-left"),
         Binding("right", "scroll_right", "Scroll right", show=False, id="scroll-right"),
     ]
@@ -155,7 +157,9 @@ class ResourceTable(ScrollView, can_focus=True):
         for key in self._measured.keys() - self._index.keys():
             del self._measured[key]
         self.virtual_size = Size(sum(widths), len(self.rows) + 1)
-        if before is not None and before.key in self._index:
+        if self.FOLLOWS_TOP and cursor == 0:
+            self.cursor = 0
+        elif before is not None and before.key in self._index:
             self.cursor = self._index[before.key]
         self.cursor = max(0, min(self.cursor, len(self.rows) - 1))
         self._scroll_to_cursor()
@@ -337,11 +341,12 @@ class ResourceTable(ScrollView, can_focus=True):
 
     # -- actions (posted upward; the app decides and runs them) ------------------------------------
 
-    def request(self, verb: Verb, *, every_row: bool) -> None:
+    def request(self, verb: Verb, *, every_row: bool, ask: bool = False) -> None:
         snapshot = self.snapshot
         if snapshot is None:
             return
         scope: Scope
+        label = ""
         if every_row:
             targets = tuple(row.target for row in snapshot.matching)
             scope = "shown" if snapshot.view.filter.strip() else "all"
@@ -351,11 +356,24 @@ class ResourceTable(ScrollView, can_focus=True):
                 self.notify(f"No {self.NOUN} selected", severity="warning")
                 return
             targets, scope = (row.target,), "row"
+            label = self.row_label(row)
         if not targets:
             self.notify(f"No {self.NOUN}s shown", severity="warning")
             return
         table: Table = self.TABLE  # type: ignore[assignment]
-        self.post_message(self.ActionRequested(self, Action(table, verb, targets, scope)))
+        action = Action(table, verb, targets, scope, ask=ask, label=label)
+        self.post_message(self.ActionRequested(self, action))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Read-only: the action keys would do nothing, so they are not offered (the status line
+        # says READ-ONLY); the app refuses any action that still arrives (the palette).
+        if action in ("reset", "reset_shown", "toggle_enabled"):
+            return not getattr(self.app, "read_only", False)
+        return True
+
+    def row_label(self, row: Row) -> str:
+        """The selected row in words, for a question about it."""
+        return row.cells[0]
 
     def action_reset(self) -> None:
         self.request("reset", every_row=False)
@@ -370,6 +388,10 @@ class ResourceTable(ScrollView, can_focus=True):
 class BreakersTable(ResourceTable):
     TABLE = "breakers"
     NOUN = "breaker"
+
+    def row_label(self, row: Row) -> str:
+        return f"{row.cells[0]} (now {row.cells[2]})"
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
             "r",
@@ -391,6 +413,10 @@ class BreakersTable(ResourceTable):
 class ConnectionsTable(ResourceTable):
     TABLE = "connections"
     NOUN = "connection"
+
+    def row_label(self, row: Row) -> str:
+        return f"{row.cells[1]} of {row.cells[0]} (now {row.cells[2]})"
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
             "r",
@@ -402,7 +428,7 @@ class ConnectionsTable(ResourceTable):
         Binding(
             "e",
             "toggle_enabled",
-            "Enable/disable",
+            "On/off",
             tooltip="Enable or disable the selected connection",
             id="toggle-connection",
         ),
@@ -419,6 +445,10 @@ class ConnectionsTable(ResourceTable):
 class LockoutsTable(ResourceTable):
     TABLE = "lockouts"
     NOUN = "lockout"
+
+    def row_label(self, row: Row) -> str:
+        return f"{row.cells[0]}/{row.cells[2]} on {row.cells[1]} ({row.cells[5]} left)"
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "reset", "Re-enable", tooltip="Lift the selected model lockout", id="reenable-model"),
         Binding(
@@ -434,6 +464,7 @@ class LockoutsTable(ResourceTable):
 class EventsTable(ResourceTable):
     TABLE = "events"
     NOUN = "event"
+    FOLLOWS_TOP = True  # newest first: on the newest row, the cursor follows what happens next
 
 
 TABLE_CLASSES: tuple[type[ResourceTable], ...] = (BreakersTable, ConnectionsTable, LockoutsTable, EventsTable)

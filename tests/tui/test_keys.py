@@ -280,7 +280,7 @@ async def test_ctrl_p_opens_the_palette_with_every_tab_and_action() -> None:
         "Breakers: Reset",
         "Breakers: Reset shown",
         "Connections: Clear",
-        "Connections: Enable/disable",
+        "Connections: On/off",
         "Lockouts: Re-enable",
         "Lockouts: Re-enable shown",
         "Filter",
@@ -302,15 +302,46 @@ async def test_ctrl_p_opens_the_palette_with_every_tab_and_action() -> None:
         assert app.active_tab == "lockouts"
 
 
-async def test_palette_runs_a_table_action() -> None:
+async def test_palette_runs_a_table_action_after_naming_its_row() -> None:
     app = snapshot_app()
     engine = app.runtime.engine
     async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")  # looking at connections; the palette acts on a breaker
         app.table_action("breakers", "reset")
         await settle(pilot)
         await settle(pilot)
         assert app.active_tab == "breakers"
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question == "Reset breaker ollama (now OPEN)?"
+        assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "OPEN"  # not yet
+        await pilot.press("y")
+        await settle(pilot)
         assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "CLOSED"
+
+
+async def test_palette_row_action_answered_no_changes_nothing() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        app.table_action("connections", "toggle_enabled")
+        await settle(pilot)
+        await settle(pilot)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question.startswith("Enable/disable connection groq-1 of groq (now expired)")
+        await pilot.press("n")
+        await settle(pilot)
+        assert engine.connections["groq-1"].health.enabled
+
+
+@pytest.mark.parametrize(("keys", "row"), [(("j", "j"), 2), (("G",), -1), (("G", "g"), 0), (("j", "k"), 0)])
+async def test_vi_keys_move_in_every_table(keys: tuple[str, ...], row: int) -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")
+        table = app.table("connections")
+        await pilot.press(*keys)
+        await settle(pilot)
+        assert table.cursor == (row if row >= 0 else len(table.rows) - 1)
 
 
 @pytest.mark.parametrize("key", ["q", "ctrl+c"])
@@ -331,10 +362,16 @@ async def test_read_only_disables_every_action() -> None:
         before = len(operator_events(app))
         for tab, keys in (("2", ("r", "R")), ("3", ("r", "e", "R")), ("4", ("r", "R"))):
             await open_tab(pilot, tab)
+            offered = {b.binding.action for b in app.screen.active_bindings.values()}
+            assert not offered & {"reset", "reset_shown", "toggle_enabled"}  # not on the key bar
             for key in keys:
                 await pilot.press(key)
                 await settle(pilot)
                 assert not isinstance(app.screen, ConfirmScreen)
+        app.table_action("breakers", "reset")  # the palette still reaches the app, which refuses
+        await settle(pilot)
+        await settle(pilot)
+        assert not isinstance(app.screen, ConfirmScreen)
         assert len(operator_events(app)) == before
         assert engine.providers["ollama"].breaker.state(engine.clock.now()).value == "OPEN"
         assert any("read-only mode" in n.message for n in app._notifications)
@@ -406,3 +443,50 @@ async def test_toasts_hide_neither_the_status_lines_nor_the_confirmation() -> No
         for region in toasts:
             assert not region.overlaps(dialog), (region, dialog)
             assert not region.overlaps(status), (region, status)
+
+
+async def test_escape_clears_an_active_filter() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")
+        await pilot.press("slash", "g", "r", "o", "q", "enter")
+        await settle(pilot)
+        assert shown_keys(app, "connections") == ["groq-1"]
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.feed.views["connections"].filter == ""
+        assert len(shown_keys(app, "connections")) == 5
+
+
+async def test_events_follow_new_entries_while_the_cursor_is_on_the_newest() -> None:
+    app = snapshot_app()
+    engine = app.runtime.engine
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "6")
+        table = app.table("events")
+        assert table.cursor == 0
+        engine.reset_breakers("ollama", source="cli")  # something new happens
+        app.feed.request()
+        await settle(pilot)
+        assert table.cursor == 0 and table.selected_row is not None
+        assert table.selected_row.cells[2] == "omniroute reset breaker ollama"  # the newest, followed
+        await pilot.press("j")  # moving down stops following
+        await settle(pilot)
+        held = table.selected_row
+        engine.reset_breakers("groq", source="cli")
+        app.feed.request()
+        await settle(pilot)
+        assert table.selected_row is not None and held is not None
+        assert table.selected_row.key == held.key and table.cursor == 2
+
+
+@pytest.mark.parametrize("tab", ["1", "2", "3", "4", "5", "6"])
+async def test_the_key_bar_keeps_pause_help_and_quit_at_80_columns(tab: str) -> None:
+    from tests.tui.test_hostile import screen_lines
+
+    app = snapshot_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_tab(pilot, tab)
+        bar = screen_lines(app)[-1]
+        for key in ("p Pause", "? Help", "q Quit", "^p palette"):
+            assert key in bar, bar
