@@ -294,6 +294,9 @@ class SettingsCard(Vertical):
             return
         self.load({spec.path: get_path(document, spec.path) for spec in self.spec.specs()})
         self._set_note("Saved.")
+        # The note may be off screen (a tall card at 80x24): a toast says it too, and the note scrolls in.
+        self.notify(f"Saved {self.spec.title}: {', '.join(_leaves(patch))}", title="Settings", markup=False)
+        self.query_one(".status", Static).scroll_visible(animate=False)
         self.post_message(self.Saved(self, patch, document))
 
     def _show_errors(self, errors: list[FieldError]) -> None:
@@ -331,6 +334,15 @@ class SettingsCard(Vertical):
         for path, field in self.fields.items():
             field.load(get_path(document, path))
         self._set_note("Defaults loaded into the draft: ctrl+s saves them, escape discards.", "-dirty")
+
+
+def _leaves(patch: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted paths a nested patch sets."""
+    paths: list[str] = []
+    for key, value in patch.items():
+        path = f"{prefix}{key}"
+        paths.extend(_leaves(value, f"{path}.") if isinstance(value, Mapping) else [path])
+    return paths
 
 
 def _explain(explainer: Explainer) -> Text:

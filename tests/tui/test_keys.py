@@ -490,3 +490,19 @@ async def test_the_key_bar_keeps_pause_help_and_quit_at_80_columns(tab: str) -> 
         bar = screen_lines(app)[-1]
         for key in ("p Pause", "? Help", "q Quit", "^p palette"):
             assert key in bar, bar
+
+
+async def test_ctrl_s_at_80x24_says_saved_where_it_can_be_seen() -> None:
+    from omniroute_tui.cards.fields import IntField, field_id
+
+    app = snapshot_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("5")
+        await settle(pilot)
+        target = app.query_one(f"#{field_id('requestQueue.maxWaitMs')}", IntField)
+        target.focus()
+        await pilot.press("enter", "ctrl+u", *"12000", "ctrl+s")
+        await settle(pilot)
+        assert app.runtime.settings.document("resilience")["requestQueue"]["maxWaitMs"] == 12000
+        toast = list(app._notifications)[-1]
+        assert toast.message == "Saved Request Queue: requestQueue.maxWaitMs"
