@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from proxy.store import SqliteStore
+from tests.conditions import fill_up, small_disk, unwritable
+from tests.fakes import FakeUpstream
+from tests.two_providers import config_text
+
 OMNIROUTE = [sys.executable, "-c", "from omniroute_tui.cli import main; main()"]
 
 
-def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "OMNIROUTE_STATE": str(tmp_path / "state.db"), **env}
+def run(args: list[str], tmp_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "OMNIROUTE_STATE": str(tmp_path / "state.db")}
     environment.pop("OMNIROUTE_MANAGEMENT_TOKEN", None)
     return subprocess.run(
-        [*OMNIROUTE, "serve", *args], capture_output=True, text=True, timeout=60, env=environment
+        [*OMNIROUTE, "serve", *args], capture_output=True, text=True, timeout=timeout, env=environment
     )
 
 
@@ -49,3 +55,52 @@ def test_a_broken_config_names_the_file_and_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert str(config) in result.stderr and "line 2" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- the state file (issue #21): every refusal is one line naming the file, exit 2 -----------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def proxy_config(tmp_path: Path, port: int) -> Path:
+    """A config serving the two test providers (their upstreams refuse: nothing here sends traffic)."""
+    refused = FakeUpstream.refused_url()
+    config = tmp_path / "config.toml"
+    config.write_text(f"[server]\nport = {port}\n" + config_text(refused, refused, None))
+    config.chmod(0o600)
+    return config
+
+
+def serve_once(tmp_path: Path, state: Path, port: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`omniroute serve` expected to refuse to start (a start that serves instead times out the test)."""
+    config = proxy_config(tmp_path, port or free_port())
+    return run(["--config", str(config), "--state", str(state)], tmp_path, timeout=20)
+
+
+def test_a_state_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    """The issue's 0444 file run as another user: here the file is made unwritable for this very
+    user (immutable as root), which is what SQLite meets either way."""
+    state = tmp_path / "state.db"
+    SqliteStore(state).close()
+    with unwritable(state):
+        result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"omniroute: {state}: cannot write the state database: ")
+    assert f"{state} is not writable" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_full_disk_at_start_is_called_a_full_disk(tmp_path: Path) -> None:
+    with small_disk(256) as disk:
+        fill_up(disk)
+        state = disk / "state.db"
+        result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"omniroute: {state}: ")
+    assert "the disk is full" in result.stderr
+    assert "not a valid state database" not in result.stderr
