@@ -24,7 +24,7 @@ from proxy.resilience.errors import SettingsError
 from proxy.resilience.events import EventBus
 from proxy.router import Router, parse_model_list
 from proxy.settings import Settings, apply_env_overrides, defaults
-from proxy.store import MemoryStore, SqliteStore, StateStore
+from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("omniroute")
@@ -103,6 +103,11 @@ class Runtime:
         store: StateStore = SqliteStore(state_path) if state_path is not None else MemoryStore()
         try:
             return cls(config, store, state_path=state_path, **kwargs)
+        except BadRecord as exc:
+            store.close()
+            if exc.path is None and state_path is not None:
+                raise exc.at(state_path) from None  # the engine knows the row, not the file
+            raise
         except BaseException:
             store.close()
             raise

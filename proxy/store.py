@@ -36,6 +36,7 @@ from proxy.resilience.errors import OmniRouteError
 
 __all__ = [
     "SCHEMA_VERSION",
+    "BadRecord",
     "MemoryStore",
     "SqliteStore",
     "StateStore",
@@ -63,6 +64,25 @@ class StoreError(OmniRouteError):
     """The state database cannot be opened, read or written."""
 
     code = "state_store_error"
+
+
+class BadRecord(StoreError):
+    """One stored row that cannot be used: the message names the file (once known), table and row."""
+
+    def __init__(self, table: str, row: str, reason: str, path: str | None = None) -> None:
+        self.table = table
+        self.row = row
+        self.reason = reason
+        self.path = path
+        where = f"{path}: " if path else ""
+        super().__init__(
+            f"{where}bad record in table {table}, row {row}: {reason}"
+            " (delete that row, or move the file away to start from empty state)"
+        )
+
+    def at(self, path: str | os.PathLike[str]) -> BadRecord:
+        """The same error, naming the file it was read from."""
+        return BadRecord(self.table, self.row, self.reason, os.fspath(path))
 
 
 @dataclass
@@ -405,22 +425,29 @@ class SqliteStore:
                 db = self._fg
                 settings = db.execute("SELECT data FROM settings WHERE id = 1").fetchone()
                 return StoredState(
-                    breakers={k: json.loads(v) for k, v in db.execute("SELECT provider, data FROM breakers")},
-                    connections={k: json.loads(v) for k, v in db.execute("SELECT id, data FROM connections")},
+                    breakers={
+                        k: _decode("breakers", k, v)
+                        for k, v in db.execute("SELECT provider, data FROM breakers")
+                    },
+                    connections={
+                        k: _decode("connections", k, v)
+                        for k, v in db.execute("SELECT id, data FROM connections")
+                    },
                     lockouts=[
-                        json.loads(v)
-                        for (v,) in db.execute(
-                            "SELECT data FROM lockouts ORDER BY provider, connection_id, model"
+                        _decode("lockouts", " / ".join((p, c, m)), v)
+                        for p, c, m, v in db.execute(
+                            "SELECT provider, connection_id, model, data FROM lockouts"
+                            " ORDER BY provider, connection_id, model"
                         )
                     ],
-                    settings=None if settings is None else json.loads(settings[0]),
+                    settings=None if settings is None else _decode("settings", "1", settings[0]),
                     pins={
                         k: (c, e) for k, c, e in db.execute("SELECT key, connection_id, expires_at FROM pins")
                     },
                     meta=dict(db.execute("SELECT key, value FROM meta")),
                 )
-            except ValueError as exc:
-                raise StoreError(f"{self.path}: cannot read the state database ({exc})") from exc
+            except BadRecord as exc:
+                raise exc.at(self.path) from None
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: cannot read the state database: {_reason(exc)}") from exc
 
@@ -692,6 +719,17 @@ def _no_space_left(path: str) -> bool:
         return os.statvfs(os.path.dirname(os.path.abspath(path))).f_bavail == 0
     except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
         return False
+
+
+def _decode(table: str, row: str, text: str) -> dict[str, Any]:
+    """One stored JSON record; BadRecord (naming table and row) if it is not a JSON object."""
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise BadRecord(table, repr(row), f"not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise BadRecord(table, repr(row), f"not a JSON object ({type(record).__name__})")
+    return record
 
 
 def _merge_back(pending: dict[_K, _V], failed: Mapping[_K, _V]) -> None:

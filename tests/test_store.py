@@ -449,3 +449,23 @@ def test_kill_9_while_writing_leaves_the_last_committed_state(tmp_path: Path) ->
     assert breaker_n - 1 <= connection_n <= breaker_n
     assert connection_n - 1 <= lockout_n <= connection_n
     assert lockout_n - 1 <= pin_n <= lockout_n
+
+
+@pytest.mark.parametrize(("data", "reason"), [("soon", "not JSON"), ("[1, 2]", "not a JSON object (list)")])
+def test_a_stored_row_that_is_not_a_record_names_its_table_and_row(
+    db_path: Path, data: str, reason: str
+) -> None:
+    SqliteStore(db_path).close()
+    conn = sqlite3.connect(db_path)
+    conn.execute("INSERT INTO connections (id, data) VALUES ('openai-main', ?)", (data,))
+    conn.commit()
+    conn.close()
+    store = SqliteStore(db_path)
+    try:
+        with pytest.raises(StoreError) as caught:
+            store.load()
+    finally:
+        store.close()
+    assert str(caught.value).startswith(
+        f"{db_path}: bad record in table connections, row 'openai-main': {reason}"
+    )

@@ -104,3 +104,16 @@ def test_a_full_disk_at_start_is_called_a_full_disk(tmp_path: Path) -> None:
     assert result.stderr.startswith(f"omniroute: {state}: ")
     assert "the disk is full" in result.stderr
     assert "not a valid state database" not in result.stderr
+
+
+def test_a_bad_stored_record_names_the_file_table_and_row(tmp_path: Path) -> None:
+    state = tmp_path / "state.db"
+    store = SqliteStore(state)
+    store.save_connections({"alpha-1": {"rate_limited_until": "soon"}})
+    store.close()
+    result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"omniroute: {state}: bad record in table connections, row 'alpha-1': rate_limited_until:"
+    )
+    assert "unexpected error" not in result.stderr
