@@ -329,10 +329,8 @@ def run_tui(options: serve.Options, *, read_only: bool = False, ascii_only: bool
 
 
 async def _run(options: serve.Options, read_only: bool, ascii_only: bool) -> int:
-    async with serve.instance(options) as runtime:
+    async with serve.listening(options) as (runtime, sock):
         try:
-            config = runtime.config.server
-            sock = serve.bind_socket(config.host, config.port)
             app = make_app(runtime, read_only=read_only, serve_sock=sock, ascii_only=ascii_only)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -33,8 +33,7 @@ class ProxyHost:
         self.runtime = runtime
         self.sock = sock
         self.demo = demo
-        host, port = sock.getsockname()[:2]
-        self.base_url = f"http://{_url_host(host)}:{port}"
+        self.base_url = serve.listen_url(sock)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task[None] | None = None
         self._traffic: DemoTraffic | None = None
@@ -89,7 +88,3 @@ async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
 @contextlib.contextmanager
 def _no_signal_capture() -> Iterator[None]:
     yield
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

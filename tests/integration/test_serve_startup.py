@@ -1,28 +1,29 @@
-"""`omniroute serve` refuses unsafe or broken setups at start, with one line and exit code 2."""
+"""`omniroute serve` refuses unsafe or broken setups at start, with one line and exit code 2.
+
+Real processes on real files: each test runs `omniroute serve` (and `omniroute status`) as a shell
+would, and waits for conditions under deadlines.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from proxy.store import SqliteStore
 from tests.conditions import fill_up, small_disk, unwritable
-from tests.fakes import FakeUpstream
-from tests.two_providers import config_text
-
-OMNIROUTE = [sys.executable, "-c", "from omniroute_tui.cli import main; main()"]
+from tests.processes import OMNIROUTE, free_port, proxy_config, serving
 
 
 def run(args: list[str], tmp_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "OMNIROUTE_STATE": str(tmp_path / "state.db")}
-    environment.pop("OMNIROUTE_MANAGEMENT_TOKEN", None)
+    env = {**os.environ, "OMNIROUTE_STATE": str(tmp_path / "state.db")}
+    env.pop("OMNIROUTE_MANAGEMENT_TOKEN", None)
     return subprocess.run(
-        [*OMNIROUTE, "serve", *args], capture_output=True, text=True, timeout=timeout, env=environment
+        [*OMNIROUTE, "serve", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -58,22 +59,6 @@ def test_a_broken_config_names_the_file_and_line(tmp_path: Path) -> None:
 
 
 # -- the state file (issue #21): every refusal is one line naming the file, exit 2 -----------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def proxy_config(tmp_path: Path, port: int) -> Path:
-    """A config serving the two test providers (their upstreams refuse: nothing here sends traffic)."""
-    refused = FakeUpstream.refused_url()
-    config = tmp_path / "config.toml"
-    config.write_text(f"[server]\nport = {port}\n" + config_text(refused, refused, None))
-    config.chmod(0o600)
-    return config
 
 
 def serve_once(tmp_path: Path, state: Path, port: int | None = None) -> subprocess.CompletedProcess[str]:
@@ -117,3 +102,49 @@ def test_a_bad_stored_record_names_the_file_table_and_row(tmp_path: Path) -> Non
         f"omniroute: {state}: bad record in table connections, row 'alpha-1': rate_limited_until:"
     )
     assert "unexpected error" not in result.stderr
+
+
+# -- one state file, one owner (issue #21) ---------------------------------------------------------
+
+
+def test_a_second_instance_on_the_same_state_file_is_refused(tmp_path: Path) -> None:
+    """Two instances on one file each kept their own engine and overwrote each other's settings."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as first:
+        second_port = free_port()
+        result = run(
+            ["--config", str(first.config), "--state", str(state), "--port", str(second_port)],
+            tmp_path,
+            timeout=30,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"omniroute: {state} is in use by omniroute (pid {first.proc.pid}, serving on"
+            f" 127.0.0.1:{first.port}); stop that instance first, or give this one another state file"
+            " (--state or OMNIROUTE_STATE)\n"
+        )
+        assert httpx.get(first.url + "/api/monitoring/health", timeout=5).status_code == 200
+        with socket.socket() as probe:  # the refused instance let go of its address too
+            probe.bind(("127.0.0.1", second_port))
+
+
+def test_a_lock_never_outlives_its_process(tmp_path: Path) -> None:
+    """kill -9 leaves no stale lock: the kernel drops it with the process."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as first:
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+    with serving(tmp_path, state, name="second") as second:
+        assert httpx.get(second.url + "/api/monitoring/health", timeout=5).status_code == 200
+
+
+def test_a_start_refused_for_its_port_creates_no_file(tmp_path: Path) -> None:
+    """The address is bound before the state file is locked or opened."""
+    state = tmp_path / "p.db"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = serve_once(tmp_path, state, port=taken.getsockname()[1])
+    assert result.returncode == 2, result.stderr
+    assert "cannot listen on" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
