@@ -23,7 +23,10 @@ UrlOpt = Annotated[
     typer.Option(
         "--url",
         envvar="OMNIROUTE_URL",
-        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's [server] host and port).",
+        help=(
+            "Instance to talk to, e.g. http://127.0.0.1:20128 (default: the instance serving the state"
+            " file, as its lock file says; else the config's [server] host and port)."
+        ),
     ),
 ]
 TokenOpt = Annotated[
@@ -40,6 +43,6 @@ JsonOpt = Annotated[
 ]
 
 
-def connect(url: str | None, token: str | None, config: str | None) -> Api:
+def connect(url: str | None, token: str | None, config: str | None, state: str | None = None) -> Api:
     """A client for the instance the options point at."""
-    return Api(resolve_target(url, token, config))
+    return Api(resolve_target(url, token, config, state=state))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from omniroute_tui import format as fmt
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, TokenOpt, UrlOpt, connect
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, StateOpt, TokenOpt, UrlOpt, connect
 from omniroute_tui.cli.output import (
     STATE_STYLES,
     ago,
@@ -43,13 +43,17 @@ LOCKOUTS = "/api/resilience/model-cooldowns"
 
 @app.command(rich_help_panel=PANEL)
 def status(
-    json_: JsonOpt = False, url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
 ) -> None:
-    """One-screen summary of the running instance.
+    """One-screen summary of the running instance (without --url: the one serving the state file).
 
     Example: [bold]omniroute status --json | jq -r .status[/bold]
     """
-    with connect(url, token, config) as api:
+    with connect(url, token, config, state) as api:
         health = api.get(HEALTH)
     emit(health, json_=json_, human=lambda: _status_view(health, api.target.url))
 

@@ -6,6 +6,7 @@ would, and waits for conditions under deadlines.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy import __version__
 from proxy.store import SqliteStore
 from tests.conditions import fill_up, small_disk, unwritable
-from tests.processes import OMNIROUTE, free_port, proxy_config, serving
+from tests.processes import OMNIROUTE, environment, free_port, proxy_config, serving
 
 
 def run(args: list[str], tmp_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -148,3 +150,16 @@ def test_a_start_refused_for_its_port_creates_no_file(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "cannot listen on" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+
+def test_status_finds_the_instance_that_holds_the_state_file(tmp_path: Path) -> None:
+    """Without --url, `omniroute status` asks the state file's lock where its instance serves;
+    the config here names a port nothing listens on."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as first:
+        command = [*OMNIROUTE, "status", "--json", "--config", str(first.config), "--state", str(state)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environment())
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["version"] == __version__
+    after = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environment())
+    assert after.returncode == 3, after.stderr  # stopped: the lock is free, the config's port is empty
