@@ -496,6 +496,28 @@ class Engine:
             conn.limiter = RequestLimiter(queue, self.clock)
         return conn.limiter
 
+    def still_eligible(self, attempt: Attempt) -> bool:
+        """May an attempt that waited in its connection's request queue still be sent?
+
+        Not when, while it waited, the connection started cooling or became terminal or disabled,
+        its model was locked on it, or (unless it is the probe) its provider's breaker opened:
+        `select` would not pick it now, and sending it would only add to what the upstream refuses.
+        """
+        now = self.clock.now()
+        conn = attempt.connection
+        if not conn.health.is_eligible(now):
+            return False
+        target = attempt.target
+        if len(self.lockouts) and self.lockouts.is_locked(target.provider, conn.id, target.model, now):
+            return False
+        return attempt.probe or attempt.provider.breaker.state(now) is not BreakerState.OPEN
+
+    def _recheck_queues(self, provider: ProviderRuntime) -> None:
+        """Have the requests queued on a provider's connections ask `still_eligible` again."""
+        for conn in provider.connections:
+            if conn.limiter is not None:
+                conn.limiter.recheck()
+
     # ------------------------------------------------------------------ outcomes
 
     def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
@@ -578,6 +600,13 @@ class Engine:
             )
             self._dirty_lockouts.add((pid, cid, model))
 
+        if (
+            verdict.breaker is BreakerEffect.FAILURE
+            or effect not in (ConnectionEffect.NONE, ConnectionEffect.CLEAR)
+            or verdict.lockout is LockoutEffect.LOCK
+        ):
+            self._recheck_queues(provider)
+
         if session is not None and outcome.is_success:
             ttl = self.settings.session_ttl_ms()
             if ttl > 0:
@@ -617,8 +646,11 @@ class Engine:
     def set_connection_enabled(self, connection_id: str, enabled: bool, *, source: str = "api") -> None:
         if connection_id not in self.connections:
             raise KeyError(connection_id)
-        self.connections[connection_id].health.set_enabled(enabled, self.clock.now())
+        conn = self.connections[connection_id]
+        conn.health.set_enabled(enabled, self.clock.now())
         self._dirty_connections.add(connection_id)
+        if not enabled and conn.limiter is not None:
+            conn.limiter.recheck()  # what waits in its queue is not sent to a disabled connection
         self._operator(f"{'enable' if enabled else 'disable'} {connection_id}", source)
 
     def reenable(
