@@ -5,8 +5,8 @@ wrk.body = '{"model":"MODEL","messages":[{"role":"user","content":"ping"}],"max_
 local model = os.getenv("BENCH_MODEL") or "bench-model"
 wrk.body = string.gsub(wrk.body, "MODEL", model)
 done = function(summary, latency, requests)
-  io.write(string.format("RESULT requests=%d rps=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f errors=%d non2xx=%d\n",
+  io.write(string.format("RESULT requests=%d rps=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f max_ms=%.3f errors=%d non2xx=%d\n",
     summary.requests, summary.requests / (summary.duration / 1e6), latency:percentile(50)/1000, latency:percentile(90)/1000,
-    latency:percentile(99)/1000, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(99)/1000, latency.max/1000, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
     summary.errors.status))
 end

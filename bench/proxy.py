@@ -3,16 +3,24 @@
     python bench/proxy.py                                # everything (about 2 minutes)
     python bench/proxy.py --seconds 1 --rounds 2 --connections 1,8 --skip-stream   # a quick look
     python bench/proxy.py --only direct,floor,omniroute  # leave LiteLLM out even when installed
+    python bench/proxy.py --only omniroute,cooling,flapping --skip-stream   # rejections vs successes
 
-Non-streaming (the method of the shared harness, ../shared/bench/compare.py): a fixed-reply nginx
-upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8 and 32 connections against the
-upstream directly, against the *floor* (floor_proxy.py: Starlette + aiohttp forwarding, nothing
-else), against omniroute (`omniroute serve`, this checkout), and against LiteLLM's proxy when the
-`litellm` command is installed (it is never installed by this script). Unlike compare.py, each
-figure is several short rounds in which the targets take turns, and every ratio is the median of
-the per-round ratios: on a shared machine, load from elsewhere then hits both sides of a ratio.
-The CPU time each target's processes spend per request is reported too: it moves far less with
-that load than throughput does.
+Non-streaming: a fixed-reply nginx upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8
+and 32 connections against the upstream directly, against the *floor* (floor_proxy.py: Starlette +
+aiohttp forwarding, nothing else), against omniroute (`omniroute serve`, this checkout), and
+against LiteLLM's proxy when the `litellm` command is installed (it is never installed by this
+script). Each figure is several short rounds in which the targets take turns, and every ratio is
+the median of the per-round ratios: on a shared machine, load from elsewhere then hits both sides
+of a ratio. The CPU time each target's processes spend per request is reported too: it moves far
+less with that load than throughput does.
+
+Rejections, against the same omniroute and reported against its successes (cooldown-aware waiting
+off, so that a rejection is answered, not waited out): *cooling*, a provider whose only key an
+upstream 429 cooled for an hour before the run, so omniroute rejects every request itself
+(429 all_targets_cooling); and *flapping*, one whose upstream answers 429 with Retry-After: 1, so
+the key keeps coming back and each time a burst of requests finds it usable for a moment. A
+rejection should cost no more than a success, and no rejected request should wait in the key's
+request queue (whose pacing is 200 ms) for a turn it will not use.
 
 Streaming: sse_upstream.py emits a 1,000-event SSE stream, one send per event, as fast as it can.
 A Python client (aiohttp, `iter_any()`) reads it directly and through omniroute, alternately, and
@@ -48,7 +56,9 @@ ROOT = HERE.parent
 # 18080 is fixed in nginx-upstream.conf; the others match the shared harness where it has them.
 UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = 18080, 18090, 14002, 14010, 14000
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
-TARGETS = ("direct", "floor", "omniroute", "litellm")
+TARGETS = ("direct", "floor", "omniroute", "cooling", "flapping", "litellm")
+REJECTIONS = ("cooling", "flapping")
+"""Targets served by omniroute whose every request is refused (see the module docstring)."""
 STREAM_CHUNKS = 1000
 PAUSE_MS = 200.0
 
@@ -70,6 +80,22 @@ base_url = "http://127.0.0.1:{SSE_PORT}/v1"
 
 [[providers.sse.connections]]
 id = "sse-1"
+
+[providers.cooling]
+class = "apikey"
+base_url = "http://127.0.0.1:{UPSTREAM_PORT}/cooling/v1"
+
+[[providers.cooling.connections]]
+id = "cooling-1"
+api_key = "sk-bench-cooling"
+
+[providers.flapping]
+class = "apikey"
+base_url = "http://127.0.0.1:{UPSTREAM_PORT}/flapping/v1"
+
+[[providers.flapping.connections]]
+id = "flapping-1"
+api_key = "sk-bench-flapping"
 """
 
 # The bars (quality.md §3).
@@ -77,6 +103,10 @@ BAR_FLOOR_THROUGHPUT = 0.60
 BAR_ADDED_P50 = 2.0
 BAR_LITELLM = 20.0
 BAR_STREAM_RATE = 0.80
+BAR_REJECTION_CPU = 1.0
+"""CPU per rejected request over CPU per success (issue #21: a rejection costs no more than a success)."""
+PACING_MS = 200.0
+"""requestQueue.minTimeBetweenRequestsMs by default: a p99 this long means rejections waited turns."""
 
 
 # ---------------------------------------------------------------------- processes
@@ -156,6 +186,48 @@ def wait_port(port: int, timeout: float = 30.0) -> bool:
     return False
 
 
+def api(port: int, method: str, path: str, body: object | None = None) -> tuple[int, Any]:
+    """One request to omniroute (management API or proxy), answered as (status, JSON)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method=method,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-bench"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def prepare_rejections(port: int) -> None:
+    """Waits off, then one request per rejection provider: its upstream's 429 cools the key.
+
+    The apikey breaker is raised out of reach too: the flapping key's 429s (one a second) would
+    otherwise open it within the run, and an open breaker rejects at selection, which is the cooling
+    run's path again instead of a key that keeps coming back.
+    """
+    settings = {
+        "comboCooldownWait": {"enabled": False},
+        "providerBreaker": {"apikey": {"failureThreshold": 1000, "degradationThreshold": 999}},
+    }
+    status, _ = api(port, "PATCH", "/api/resilience", settings)
+    if status != 200:
+        raise RuntimeError(f"could not set the rejection runs' settings ({status})")
+    for provider in REJECTIONS:
+        api(port, "POST", "/v1/chat/completions", {"model": f"{provider}/bench-model", "messages": []})
+    _, listing = api(port, "GET", "/api/resilience/connections")
+    states = {c["id"]: c["status"] for c in listing["connections"]}
+    if states.get("cooling-1") != "cooling":
+        raise RuntimeError(f"the cooling provider's key is not cooling: {states}")
+
+
 def omniroute_command() -> list[str]:
     """`omniroute` (the console script's entry point) run from this checkout with this Python.
 
@@ -230,6 +302,7 @@ def summary(runs: list[dict[str, float]]) -> dict[str, float]:
         "rps": mid,
         "p50_ms": statistics.median(r["p50_ms"] for r in runs),
         "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "max_ms": max(r.get("max_ms", 0.0) for r in runs),
         "cpu_us": statistics.median(r["cpu_us"] for r in runs),
         "errors": sum(r["errors"] for r in runs),
         "non2xx": sum(r["non2xx"] for r in runs),
@@ -410,6 +483,45 @@ def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm:
         report.bar(name, bar, measured, ratio >= BAR_LITELLM)
 
 
+def rejection_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
+    """Rejections against successes of the same omniroute, in the same rounds."""
+    if not any((name, c) in rounds for name in REJECTIONS for c in conns):
+        return
+    report.line()
+    report.line("rejections vs successes (the omniroute row), medians of the per-round ratios")
+    for c in conns:
+        parts = []
+        for name in REJECTIONS:
+            if (name, c) not in rounds:
+                continue
+            cpu = throughput_ratio(rounds, name, "omniroute", c, "cpu_us")
+            rps = throughput_ratio(rounds, name, "omniroute", c)
+            figures = summary(rounds[(name, c)])
+            text = f"{name}: p99 {figures['p99_ms']:.1f} ms, slowest {figures['max_ms']:.0f} ms"
+            if cpu is not None and rps is not None:
+                text += f", CPU per request x{cpu:.2f} a success's, req/s x{rps:.2f}"
+            parts.append(text)
+        if parts:
+            report.line(f"  c={c}: {'; '.join(parts)}")
+    c = 8 if ("cooling", 8) in rounds else max((n for name, n in rounds if name == "cooling"), default=0)
+    ratio = throughput_ratio(rounds, "cooling", "omniroute", c, "cpu_us") if c else None
+    name, bar = f"CPU per rejection vs success, {c or 8} conns", f"<= {BAR_REJECTION_CPU:.2f}x"
+    if ratio is None:
+        report.bar(name, bar, "not measured (needs omniroute and cooling)", None)
+    else:
+        r, o = summary(rounds[("cooling", c)]), summary(rounds[("omniroute", c)])
+        measured = f"x{ratio:.2f} ({r['cpu_us']:.0f} vs {o['cpu_us']:.0f} us/request)"
+        report.bar(name, bar, measured, ratio <= BAR_REJECTION_CPU)
+    flapping = [n for name, n in rounds if name == "flapping"]
+    c = 8 if 8 in flapping else max(flapping, default=0)
+    name, bar = f"p99 rejection, flapping key, {c or 8} conns", f"< {PACING_MS:.0f} ms"
+    if not c:
+        report.bar(name, bar, "not measured (needs flapping)", None)
+    else:
+        p99 = summary(rounds[("flapping", c)])["p99_ms"]
+        report.bar(name, bar, f"{p99:.1f} ms (no rejected request waits a pacing turn)", p99 < PACING_MS)
+
+
 def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]]) -> None:
     fast, pause = results["fast"], results["pause"]
     report.line()
@@ -528,17 +640,20 @@ def main(argv: list[str] | None = None) -> int:
             )
             if need("floor", FLOOR_PORT):
                 targets["floor"] = (FLOOR_PORT, "bench-model", "sk-bench", procs.session("floor"))
-        if omni:
+        rejections = [name for name in REJECTIONS if name in wanted]
+        if omni or rejections:
             (tmp / "config.toml").write_text(OMNI_CONFIG)
+            (tmp / "config.toml").chmod(0o600)  # it holds (bench) keys inline
             cmd = [*omniroute_command(), "serve", "--config", str(tmp / "config.toml")]
             procs.start("omniroute", [*cmd, "--state", str(tmp / "state.db")], cwd=ROOT)
-            if need("omniroute", OMNI_PORT) and "omniroute" in wanted:
-                targets["omniroute"] = (
-                    OMNI_PORT,
-                    "bench/bench-model",
-                    "sk-bench",
-                    procs.session("omniroute"),
-                )
+            if need("omniroute", OMNI_PORT):
+                session = procs.session("omniroute")
+                if "omniroute" in wanted:
+                    targets["omniroute"] = (OMNI_PORT, "bench/bench-model", "sk-bench", session)
+                if rejections:
+                    prepare_rejections(OMNI_PORT)
+                for name in rejections:
+                    targets[name] = (OMNI_PORT, f"{name}/bench-model", "sk-bench", session)
         litellm_note = "not installed" if shutil.which("litellm") is None else "not run (--only)"
         if "litellm" in wanted and shutil.which("litellm"):
             procs.start(
@@ -576,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed = True
         report.line()
         nonstream_section(report, rounds, conns, litellm_note)
+        rejection_section(report, rounds, conns)
 
         if not args.skip_stream:
             if port_open(SSE_PORT) and port_open(OMNI_PORT):

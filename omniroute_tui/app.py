@@ -410,10 +410,8 @@ def run_tui(options: serve.Options, *, read_only: bool = False, ascii_only: bool
 
 
 async def _run(options: serve.Options, read_only: bool, ascii_only: bool, signals: StopSignals) -> int:
-    async with serve.instance(options) as runtime:
+    async with serve.listening(options) as (runtime, sock):
         try:
-            config = runtime.config.server
-            sock = serve.bind_socket(config.host, config.port, token=config.management_token)
             app = make_app(runtime, read_only=read_only, serve_sock=sock, ascii_only=ascii_only)
             # Through the app's message queue: the stop runs in the app's context, after it started.
             signals.attach(asyncio.get_running_loop(), lambda sig: app.call_later(app.stop_on_signal, sig))

@@ -31,8 +31,7 @@ class ProxyHost:
         self.runtime = runtime
         self.sock = sock
         self.demo = demo
-        host, port = sock.getsockname()[:2]
-        self.base_url = f"http://{_url_host(host)}:{port}"
+        self.base_url = serve.listen_url(sock)
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task[None] | None = None
         self._traffic: DemoTraffic | None = None
@@ -83,7 +82,3 @@ async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
         raise ServerStopped(f"the proxy server could not start (exit {exc.code})") from None
     finally:
         sock.close()
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -12,7 +12,8 @@ whose writer thread commits them. The request path never waits for the disk.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from proxy.resilience.restate import RestatementRule, restate, rules_for
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.timefmt import iso
 from proxy.settings import Settings
-from proxy.store import MemoryStore, StateStore, StoredState
+from proxy.store import BadRecord, MemoryStore, StateStore, StoredState
 
 # How long a HALF_OPEN provider whose probe is in flight is expected to stay blocked, for the
 # purpose of "when will something recover": the probe usually settles within a second or two.
@@ -281,23 +282,29 @@ class Engine:
         self._dirty_lockouts.add(key)
 
     def restore(self, state: StoredState) -> None:
-        """Load persisted state (at start, before traffic). Emits nothing."""
+        """Load persisted state (at start, before traffic). Emits nothing.
+
+        A record a layer refuses raises BadRecord naming its table and row, so that the operator
+        learns which row of which file to fix instead of reading a bare ValueError.
+        """
         for provider_id, record in state.breakers.items():
             runtime = self.providers.get(provider_id)
             if runtime is None:
                 continue
-            runtime.breaker = CircuitBreaker.from_record(
-                record,
-                self.settings.breaker_policy(runtime.spec.provider_class),
-                probe_timeout_ms=self.probe_timeout_ms,
-                emit=self._emit,
-            )
+            with _stored("breakers", provider_id):
+                runtime.breaker = CircuitBreaker.from_record(
+                    record,
+                    self.settings.breaker_policy(runtime.spec.provider_class),
+                    probe_timeout_ms=self.probe_timeout_ms,
+                    emit=self._emit,
+                )
         for connection_id, record in state.connections.items():
             conn = self.connections.get(connection_id)
             if conn is None:
                 continue
             enabled_by_config = conn.spec.enabled
-            conn.health.load_record(record)
+            with _stored("connections", connection_id):
+                conn.health.load_record(record)
             if not enabled_by_config:
                 conn.health.enabled = False
             stored_fp = state.meta.get(f"fingerprint:{connection_id}")
@@ -305,11 +312,13 @@ class Engine:
                 # The credential changed in the config: a terminal verdict about the old key is void.
                 conn.health.reset(self.clock.now(), reason="credential_changed")
                 self._dirty_connections.add(connection_id)
-        self.lockouts.restore(
-            LockoutEntry.from_record(r)
-            for r in state.lockouts
-            if r.get("provider") in self.providers and r.get("connection_id") in self.connections
-        )
+        entries: list[LockoutEntry] = []
+        for r in state.lockouts:
+            if r.get("provider") in self.providers and r.get("connection_id") in self.connections:
+                row = " / ".join(str(r.get(k)) for k in ("provider", "connection_id", "model"))
+                with _stored("lockouts", row):
+                    entries.append(LockoutEntry.from_record(r))
+        self.lockouts.restore(entries)
         now = self.clock.now()
         self.pins = {k: v for k, v in state.pins.items() if v[1] > now and v[0] in self.connections}
         for conn in self.connections.values():
@@ -487,6 +496,28 @@ class Engine:
             conn.limiter = RequestLimiter(queue, self.clock)
         return conn.limiter
 
+    def still_eligible(self, attempt: Attempt) -> bool:
+        """May an attempt that waited in its connection's request queue still be sent?
+
+        Not when, while it waited, the connection started cooling or became terminal or disabled,
+        its model was locked on it, or (unless it is the probe) its provider's breaker opened:
+        `select` would not pick it now, and sending it would only add to what the upstream refuses.
+        """
+        now = self.clock.now()
+        conn = attempt.connection
+        if not conn.health.is_eligible(now):
+            return False
+        target = attempt.target
+        if len(self.lockouts) and self.lockouts.is_locked(target.provider, conn.id, target.model, now):
+            return False
+        return attempt.probe or attempt.provider.breaker.state(now) is not BreakerState.OPEN
+
+    def _recheck_queues(self, provider: ProviderRuntime) -> None:
+        """Have the requests queued on a provider's connections ask `still_eligible` again."""
+        for conn in provider.connections:
+            if conn.limiter is not None:
+                conn.limiter.recheck()
+
     # ------------------------------------------------------------------ outcomes
 
     def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
@@ -569,6 +600,13 @@ class Engine:
             )
             self._dirty_lockouts.add((pid, cid, model))
 
+        if (
+            verdict.breaker is BreakerEffect.FAILURE
+            or effect not in (ConnectionEffect.NONE, ConnectionEffect.CLEAR)
+            or verdict.lockout is LockoutEffect.LOCK
+        ):
+            self._recheck_queues(provider)
+
         if session is not None and outcome.is_success:
             ttl = self.settings.session_ttl_ms()
             if ttl > 0:
@@ -608,8 +646,11 @@ class Engine:
     def set_connection_enabled(self, connection_id: str, enabled: bool, *, source: str = "api") -> None:
         if connection_id not in self.connections:
             raise KeyError(connection_id)
-        self.connections[connection_id].health.set_enabled(enabled, self.clock.now())
+        conn = self.connections[connection_id]
+        conn.health.set_enabled(enabled, self.clock.now())
         self._dirty_connections.add(connection_id)
+        if not enabled and conn.limiter is not None:
+            conn.limiter.recheck()  # what waits in its queue is not sent to a disabled connection
         self._operator(f"{'enable' if enabled else 'disable'} {connection_id}", source)
 
     def reenable(
@@ -741,3 +782,12 @@ def _describe(outcome: Outcome, verdict: Verdict) -> str:
         body = " ".join(outcome.body.split())[:160]
         return f"{outcome.status}: {body}" if body else f"{outcome.status} {verdict.reason}"
     return outcome.error or verdict.reason
+
+
+@contextmanager
+def _stored(table: str, row: str) -> Iterator[None]:
+    """Name the table and row of a stored record a layer refuses to restore (it raises ValueError)."""
+    try:
+        yield
+    except ValueError as exc:
+        raise BadRecord(table, repr(row), str(exc)) from None

@@ -9,6 +9,7 @@ unknown provider or connection, and nothing changes.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,8 +20,11 @@ from starlette.routing import Route
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
+from proxy.store import StoreError
 
 __all__ = ["MAX_BODY_BYTES", "management_routes"]
+
+log = logging.getLogger("omniroute")
 
 MAX_BODY_BYTES = 1 << 20
 """Management bodies are a few keys; anything near this size is a mistake, not a request."""
@@ -222,6 +226,10 @@ def management_routes(runtime: Runtime) -> list[Route]:
                 return json_response(await runtime.patch_settings(body, group))
             except SettingsError as exc:
                 raise _invalid(exc.fields) from None
+            except StoreError as exc:
+                # Not a bug in us: the disk said no. The change was undone; say so, once, without a traceback.
+                log.warning("settings change not saved, so not applied: %s", exc)
+                return error_response(503, f"not saved, so not applied: {exc}", StoreError.code)
 
         return [
             Route(path, _answers(read), methods=["GET"]),

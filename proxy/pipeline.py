@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.config import Config
 from proxy.engine import Attempt, Engine, NoTarget, Target
-from proxy.resilience.errors import ExecutionTimeout, QueueFull
+from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
@@ -180,7 +180,11 @@ class Pipeline:
         stack = AsyncExitStack()
         try:
             limiter = engine.limiter_for(conn, provider)
-            dispatch = await stack.enter_async_context(limiter.slot()) if limiter is not None else None
+            dispatch = (
+                await stack.enter_async_context(limiter.slot(lambda: engine.still_eligible(attempt)))
+                if limiter is not None
+                else None
+            )
             sem = conn.semaphore
             if sem is not None:
                 quota = engine.settings.quota_share()
@@ -202,6 +206,12 @@ class Pipeline:
                 "RATE_LIMIT_QUEUE_FULL",
                 headers=headers,
             )
+        except Withdrawn:
+            # The connection stopped being usable while the request waited in its queue: this
+            # attempt never happened, and the request moves on like any other that finds it so.
+            await stack.aclose()
+            engine.record(attempt, Outcome.local("withdrawn from the request queue"))
+            return None
         except ExecutionTimeout:
             await stack.aclose()
             engine.record(attempt, Outcome.local("execution deadline passed"))

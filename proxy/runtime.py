@@ -23,8 +23,8 @@ from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import SettingsError
 from proxy.resilience.events import EventBus
 from proxy.router import Router, parse_model_list
-from proxy.settings import Settings, apply_env_overrides, defaults
-from proxy.store import MemoryStore, SqliteStore, StateStore
+from proxy.settings import SECTIONS, Settings, apply_env_overrides, defaults
+from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoreError
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("omniroute")
@@ -96,6 +96,9 @@ class Runtime:
         self.router = Router(config, self.engine, self._list_models)
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
         self._persist_task: asyncio.Task[None] | None = None
+        self._settings_saved = asyncio.Lock()
+        """One settings change at a time from change to disk: two interleaved saves could otherwise
+        leave the older document on disk after both were acknowledged."""
 
     @classmethod
     def open(cls, config: Config, state_path: Path | None, **kwargs: Any) -> Runtime:
@@ -103,6 +106,11 @@ class Runtime:
         store: StateStore = SqliteStore(state_path) if state_path is not None else MemoryStore()
         try:
             return cls(config, store, state_path=state_path, **kwargs)
+        except BadRecord as exc:
+            store.close()
+            if exc.path is None and state_path is not None:
+                raise exc.at(state_path) from None  # the engine knows the row, not the file
+            raise
         except BaseException:
             store.close()
             raise
@@ -135,15 +143,28 @@ class Runtime:
     # ------------------------------------------------------------------ settings
 
     async def patch_settings(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
-        """Validate and apply a settings change, and return once it is on disk (SettingsError if invalid)."""
-        result = self.settings.patch(patch, group)
-        await asyncio.to_thread(self.store.save_settings, self.settings.document())
-        return result
+        """Validate and apply a settings change, and return once it is on disk (SettingsError if invalid,
+        StoreError if it could not be saved: the change is then undone, since nobody was told it held)."""
+        async with self._settings_saved:
+            before = self.settings.document()
+            result = self.settings.patch(patch, group)
+            await self._save_settings_or_undo(before)
+            return result
 
     async def reset_settings_section(self, section: str) -> dict[str, Any]:
-        result = self.settings.reset_section(section)
-        await asyncio.to_thread(self.store.save_settings, self.settings.document())
-        return result
+        async with self._settings_saved:
+            before = self.settings.document()
+            result = self.settings.reset_section(section)
+            await self._save_settings_or_undo(before)
+            return result
+
+    async def _save_settings_or_undo(self, before: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(self.store.save_settings, self.settings.document())
+        except StoreError:
+            for group in SECTIONS:
+                self.settings.patch({s: before[s] for s in SECTIONS[group]}, group)
+            raise
 
     # ------------------------------------------------------------------ upstream model lists
 

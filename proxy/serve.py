@@ -1,8 +1,8 @@
 """Run an instance: build the runtime from the command line's choices and serve it with uvicorn.
 
 Shared by `omniroute serve` (headless) and `omniroute tui` (which runs the same server inside the
-console's event loop). Everything that can be wrong with the setup (config, state file, bind
-address) is raised as `StartupError` with one message, before anything listens.
+console's event loop). Everything that can be wrong with the setup (config, bind address, state
+file and its lock) is raised as `StartupError` with one message, before anything serves.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from pathlib import Path
 
 import uvicorn
 
-from proxy import logs
+from proxy import __version__, logs
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, load_config, resolve_config_path, resolve_state_path
 from proxy.runtime import Runtime
 from proxy.signals import StopSignals, release_lost_terminal
+from proxy.statelock import StateInUse, StateLock, lock_path
 from proxy.store import StoreError
 
 log = logging.getLogger("omniroute")
@@ -37,6 +38,8 @@ SHUTDOWN_GRACE_S = 3
 """In-flight requests get this long to finish once a stop begins (`q`, or a first signal); a stop
 signal's deadline is one second more (proxy.signals)."""
 HEALTH_PATH = "/api/monitoring/health"
+
+_NOT_PERMITTED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 class StartupError(Exception):
@@ -75,22 +78,85 @@ def load(options: Options, env: Mapping[str, str] = os.environ) -> tuple[Config,
 
 @contextlib.asynccontextmanager
 async def instance(options: Options, env: Mapping[str, str] = os.environ) -> AsyncIterator[Runtime]:
-    """A started runtime for the options (the demo included), stopped on exit."""
+    """A runtime for the options (the demo included), opened without a socket or the state lock:
+    for callers that bind their own socket (tests, screenshots). `listening` is what serves."""
+    async with _configured(options, env) as (config, state_path):
+        yield _runtime(options, config, state_path, env)
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    options: Options, env: Mapping[str, str] = os.environ
+) -> AsyncIterator[tuple[Runtime, socket.socket]]:
+    """What `serve` and `tui` run on: the address bound, then the state file locked, then opened.
+
+    In that order, a start refused for its address touches no file, and one refused because
+    another instance owns the state file opens nothing in it. The store is closed before the lock
+    is given up, so whoever takes the file next never meets it half closed.
+    """
+    async with _configured(options, env) as (config, state_path):
+        server = config.server
+        sock = bind_socket(server.host, server.port, token=server.management_token)
+        try:
+            with _lock(state_path, sock):
+                runtime = _runtime(options, config, state_path, env)
+                try:
+                    yield runtime, sock
+                finally:
+                    runtime.store.close()  # idempotent: normally the lifespan closed it already
+        finally:
+            sock.close()
+
+
+@contextlib.asynccontextmanager
+async def _configured(options: Options, env: Mapping[str, str]) -> AsyncIterator[tuple[Config, Path]]:
+    """The config and state path to run with; with `--demo`, simulated upstreams and a temporary
+    state directory that live as long as the block."""
     if options.demo:
-        from proxy.demo import apply_demo_settings, demo_environment
+        from proxy.demo import demo_environment
 
         with tempfile.TemporaryDirectory(prefix="omniroute-demo-") as tmp:
             async with demo_environment(Path(tmp), host=options.host, port=options.port) as config:
                 refusal = config.server.bind_refusal()
                 if refusal is not None:  # the demo has no token either: same rule as a real config
                     raise StartupError(refusal)
-                runtime = _open(config, Path(tmp) / "state.db", env)
-                runtime.demo = True
-                apply_demo_settings(runtime.settings)
-                yield runtime
+                yield config, Path(tmp) / "state.db"
         return
-    config, state_path = load(options, env)
-    yield _open(config, state_path, env)
+    yield load(options, env)
+
+
+def _runtime(options: Options, config: Config, state_path: Path, env: Mapping[str, str]) -> Runtime:
+    runtime = _open(config, state_path, env)
+    if options.demo:
+        from proxy.demo import apply_demo_settings
+
+        runtime.demo = True
+        apply_demo_settings(runtime.settings)
+    return runtime
+
+
+def _lock(state_path: Path, sock: socket.socket) -> StateLock:
+    try:
+        return StateLock.acquire(state_path, url=listen_url(sock), version=__version__)
+    except StateInUse as exc:
+        raise StartupError(str(exc)) from None
+    except OSError as exc:
+        lock = lock_path(state_path)
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.ENOSPC:
+            reason = f"the disk is full ({why}); free space there or move the state file"
+        elif exc.errno in _NOT_PERMITTED:
+            blocker = lock if lock.exists() else lock.parent
+            reason = f"{blocker} is not writable by this user ({why}); fix its owner, mode or mount, or choose another --state"
+        else:
+            reason = why
+        raise StartupError(f"{state_path}: cannot lock the state file ({lock.name}): {reason}") from exc
+
+
+def listen_url(sock: socket.socket) -> str:
+    """`http://127.0.0.1:20128` for a bound socket (IPv6 hosts in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _open(config: Config, state_path: Path, env: Mapping[str, str]) -> Runtime:
@@ -191,10 +257,9 @@ def run_headless(options: Options) -> None:
     """`omniroute serve`: serve until SIGTERM, SIGINT or SIGHUP (proxy.signals), logging to stderr."""
 
     async def main(signals: StopSignals) -> None:
-        async with instance(options) as runtime:
+        async with listening(options) as (runtime, sock):
             logs.log_events(runtime.bus)  # headless, the log is the only place state changes show
             server = runtime.config.server
-            sock = bind_socket(server.host, server.port, token=server.management_token)
             for warning in runtime.warnings:
                 log.warning("%s", warning)
             log.warning("omniroute %s serving on http://%s:%d/v1", runtime.version, server.host, server.port)

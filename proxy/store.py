@@ -20,11 +20,13 @@ database holds exactly the last committed batch. Blocking calls (`load`, `save_s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +34,15 @@ from typing import Any, Protocol, TypeVar
 
 from proxy.resilience.errors import OmniRouteError
 
-__all__ = ["SCHEMA_VERSION", "MemoryStore", "SqliteStore", "StateStore", "StoreError", "StoredState"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "BadRecord",
+    "MemoryStore",
+    "SqliteStore",
+    "StateStore",
+    "StoreError",
+    "StoredState",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +51,8 @@ SCHEMA_VERSION = 1
 
 _BATCH_INTERVAL_S = 0.2
 _RETRY_DELAY_S = 1.0
+_REPEAT_LOG_S = 60.0
+"""A write failure that persists is logged again at most this often (with how many retries failed)."""
 _CLOSE_JOIN_TIMEOUT_S = 10.0
 
 _LockoutKey = tuple[str, str, str]
@@ -52,6 +64,25 @@ class StoreError(OmniRouteError):
     """The state database cannot be opened, read or written."""
 
     code = "state_store_error"
+
+
+class BadRecord(StoreError):
+    """One stored row that cannot be used: the message names the file (once known), table and row."""
+
+    def __init__(self, table: str, row: str, reason: str, path: str | None = None) -> None:
+        self.table = table
+        self.row = row
+        self.reason = reason
+        self.path = path
+        where = f"{path}: " if path else ""
+        super().__init__(
+            f"{where}bad record in table {table}, row {row}: {reason}"
+            " (delete that row, or move the file away to start from empty state)"
+        )
+
+    def at(self, path: str | os.PathLike[str]) -> BadRecord:
+        """The same error, naming the file it was read from."""
+        return BadRecord(self.table, self.row, self.reason, os.fspath(path))
 
 
 @dataclass
@@ -260,13 +291,16 @@ class SqliteStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, batch_interval: float = _BATCH_INTERVAL_S) -> None:
-        """Open or create the database; StoreError if the file is not a state database."""
+        """Open or create the database, and prove it can be written; StoreError (naming the file and
+        what is wrong with it) if it is not a state database or cannot be written."""
         self.path = os.fspath(path)
         self._batch_interval = batch_interval
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"{self.path}: cannot create its directory ({exc})") from exc
+            raise StoreError(f"{self.path}: cannot create its directory ({exc.strerror or exc})") from exc
+        if os.path.isdir(self.path):
+            raise StoreError(f"{self.path}: is a directory, not a state database")
         self._fg = self._connect(synchronous="FULL", prepare=True)
         self._fg_lock = threading.Lock()
         try:
@@ -314,14 +348,39 @@ class SqliteStore:
             if prepare:
                 self._prepare(conn)
             return conn
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
-            raise StoreError(f"{self.path}: not a valid state database ({exc})") from exc
+            raise StoreError(self._open_problem(exc)) from exc
         except StoreError:
             if conn is not None:
                 conn.close()
             raise
+
+    def _open_problem(self, exc: sqlite3.Error) -> str:
+        """The one line an operator reads when the database cannot be opened or written at start.
+
+        SQLite says "unable to open database file" for a missing permission and for a full disk
+        alike, and opens a file it may not write read-only without a word (the write then fails):
+        so a permission problem is traced to the path that blocks it, checked the way the kernel
+        will check it (os.access honours the immutable flag and read-only mounts, even for root).
+        """
+        path = self.path
+        code = _primary_code(exc)
+        if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_CANTOPEN and _no_space_left(path)):
+            return f"{path}: cannot write the state database: {_reason(exc)}; free space there or move the state file"
+        if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN):
+            blocker = _first_unwritable(path)
+            if blocker is not None:
+                return (
+                    f"{path}: cannot write the state database: {blocker} is not writable by this user"
+                    f" ({exc}); fix its owner, mode or mount, or choose another --state"
+                )
+            verb = "open" if code == sqlite3.SQLITE_CANTOPEN else "write"
+            return f"{path}: cannot {verb} the state database ({exc})"
+        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return f"{path}: not a valid state database ({exc})"
+        return f"{path}: cannot use the state database: {_reason(exc)}"
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Check that the file is ours and intact; create the schema in a new file."""
@@ -344,6 +403,15 @@ class SqliteStore:
         check = conn.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise StoreError(f"{self.path}: not a valid state database (integrity check: {check})")
+        # Prove the file can be written, through the WAL and its index as every later write goes:
+        # SQLite opens a file it may not write read-only and says nothing until the first write,
+        # which would be the writer thread's, retrying forever while the proxy serves.
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        finally:
+            _rollback_quietly(conn)
 
     # -- reading and the synchronous write ---------------------------------------------------
 
@@ -357,22 +425,31 @@ class SqliteStore:
                 db = self._fg
                 settings = db.execute("SELECT data FROM settings WHERE id = 1").fetchone()
                 return StoredState(
-                    breakers={k: json.loads(v) for k, v in db.execute("SELECT provider, data FROM breakers")},
-                    connections={k: json.loads(v) for k, v in db.execute("SELECT id, data FROM connections")},
+                    breakers={
+                        k: _decode("breakers", k, v)
+                        for k, v in db.execute("SELECT provider, data FROM breakers")
+                    },
+                    connections={
+                        k: _decode("connections", k, v)
+                        for k, v in db.execute("SELECT id, data FROM connections")
+                    },
                     lockouts=[
-                        json.loads(v)
-                        for (v,) in db.execute(
-                            "SELECT data FROM lockouts ORDER BY provider, connection_id, model"
+                        _decode("lockouts", " / ".join((p, c, m)), v)
+                        for p, c, m, v in db.execute(
+                            "SELECT provider, connection_id, model, data FROM lockouts"
+                            " ORDER BY provider, connection_id, model"
                         )
                     ],
-                    settings=None if settings is None else json.loads(settings[0]),
+                    settings=None if settings is None else _decode("settings", "1", settings[0]),
                     pins={
                         k: (c, e) for k, c, e in db.execute("SELECT key, connection_id, expires_at FROM pins")
                     },
                     meta=dict(db.execute("SELECT key, value FROM meta")),
                 )
-            except (sqlite3.Error, ValueError) as exc:
-                raise StoreError(f"{self.path}: cannot read the state database ({exc})") from exc
+            except BadRecord as exc:
+                raise exc.at(self.path) from None
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: cannot read the state database: {_reason(exc)}") from exc
 
     def save_settings(self, document: Mapping[str, Any]) -> None:
         """Replace the settings document, committed (and fsynced) before returning. Blocking: to_thread."""
@@ -383,7 +460,8 @@ class SqliteStore:
             try:
                 self._fg.execute("INSERT OR REPLACE INTO settings (id, data) VALUES (1, ?)", (text,))
             except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: cannot save settings ({exc})") from exc
+                _rollback_quietly(self._fg)
+                raise StoreError(f"{self.path}: cannot save settings: {_reason(exc)}") from exc
 
     # -- write-behind: the request path --------------------------------------------------------
     # Each call takes one uncontended lock, updates a dict and, only when the queue was empty,
@@ -474,6 +552,7 @@ class SqliteStore:
     # -- the writer thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        failing = _FailureLog(self.path)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._dirty or self._closed)
@@ -495,11 +574,15 @@ class SqliteStore:
                 self._cond.notify_all()
                 if closing and (error is not None or not self._dirty):
                     if error is not None:
-                        _log.error("%s: state lost at close, the last batch failed: %s", self.path, error)
+                        _log.error(
+                            "%s: state lost at close, the last batch failed: %s", self.path, _reason(error)
+                        )
                     return
                 if error is not None:
-                    _log.warning("%s: state write failed, retrying: %s", self.path, error)
+                    failing.failed(error)
                     self._cond.wait_for(lambda: self._closed, timeout=_RETRY_DELAY_S)
+                elif batch is not None:
+                    failing.succeeded()
 
     def _take(self) -> _Batch | None:
         if not self._dirty:
@@ -545,7 +628,7 @@ class SqliteStore:
                 db.executemany(_SQL["meta"], batch.meta.items())
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback_quietly(db)
                 raise
         except sqlite3.Error as exc:
             return exc
@@ -559,6 +642,94 @@ class SqliteStore:
             except (TypeError, ValueError) as exc:
                 _log.error("%s: dropping a record for %r that is not JSON: %s", self.path, key, exc)
         return rows
+
+
+class _FailureLog:
+    """The writer's failures, logged when they start, when their reason changes, at most once a
+    minute while they last, and when writing works again: not once a second for as long as a
+    disk stays full."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.reason: str | None = None
+        self.count = 0
+        self.logged_at = 0.0
+
+    def failed(self, error: sqlite3.Error) -> None:
+        reason = _reason(error)
+        self.count += 1
+        now = time.monotonic()
+        if reason != self.reason or now - self.logged_at >= _REPEAT_LOG_S:
+            again = f" ({self.count} failed writes so far)" if reason == self.reason else ""
+            _log.warning("%s: state write failed, retrying: %s%s", self.path, reason, again)
+            self.reason, self.logged_at = reason, now
+
+    def succeeded(self) -> None:
+        if self.reason is not None:
+            _log.warning("%s: state writes work again after %d failed", self.path, self.count)
+            self.reason, self.count = None, 0
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code (SQLITE_FULL, ...) of an error, without its extended bits."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _reason(exc: sqlite3.Error) -> str:
+    """What an SQLite error means, in words, with SQLite's own text in brackets: the real error,
+    as SQLite reported it, is always part of what the operator reads."""
+    code = _primary_code(exc)
+    if code == sqlite3.SQLITE_FULL:
+        return f"the disk is full ({exc})"
+    if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
+        return f"the file is not writable ({exc})"
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+        return f"the database is damaged ({exc})"
+    if code == sqlite3.SQLITE_IOERR:
+        return f"an I/O error ({exc})"
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return f"another program holds a lock on it ({exc})"
+    return str(exc)
+
+
+def _rollback_quietly(db: sqlite3.Connection) -> None:
+    """End a failed transaction, keeping the error that failed it. After a full disk or an I/O
+    error SQLite may already have rolled back by itself, and a ROLLBACK would then raise "no
+    transaction is active" in place of the real error."""
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+
+
+def _first_unwritable(path: str) -> str | None:
+    """The first of the database's directory, file, -wal and -shm that exists and this process may not
+    write (SQLite needs to create the last two beside the file, and write all of them)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return directory
+    for candidate in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(candidate) and not os.access(candidate, os.R_OK | os.W_OK):
+            return candidate
+    return None
+
+
+def _no_space_left(path: str) -> bool:
+    try:
+        return os.statvfs(os.path.dirname(os.path.abspath(path))).f_bavail == 0
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        return False
+
+
+def _decode(table: str, row: str, text: str) -> dict[str, Any]:
+    """One stored JSON record; BadRecord (naming table and row) if it is not a JSON object."""
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise BadRecord(table, repr(row), f"not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise BadRecord(table, repr(row), f"not a JSON object ({type(record).__name__})")
+    return record
 
 
 def _merge_back(pending: dict[_K, _V], failed: Mapping[_K, _V]) -> None:

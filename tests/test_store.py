@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.store import SCHEMA_VERSION, MemoryStore, SqliteStore, StateStore, StoredState, StoreError
+from tests.conditions import fill_up, small_disk, unwritable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -301,8 +302,105 @@ def test_a_database_from_a_newer_version_raises_store_error(db_path: Path) -> No
 
 
 def test_a_directory_at_the_path_raises_store_error(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="not a valid state database"):
+    with pytest.raises(StoreError) as caught:
         SqliteStore(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path}: is a directory, not a state database")
+
+
+# -- storage failures, told as what they are (issue #21) ------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["state.db", "state.db-wal", "state.db-shm"])
+def test_a_state_file_that_cannot_be_written_is_refused_at_open(tmp_path: Path, which: str) -> None:
+    """SQLite opens an unwritable file read-only without a word; the store must find out at open,
+    not in the writer's retry loop once the proxy is serving."""
+    path = tmp_path / "state.db"
+    SqliteStore(path).close()  # a clean close removes -wal and -shm: recreate them empty
+    (tmp_path / which).touch()
+    with unwritable(tmp_path / which), pytest.raises(StoreError) as caught:
+        SqliteStore(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: cannot write the state database"), message
+    assert f"{tmp_path / which} is not writable" in message
+
+
+@pytest.mark.parametrize("existing", [True, False])
+def test_a_directory_that_cannot_be_written_is_named(tmp_path: Path, existing: bool) -> None:
+    folder = tmp_path / "state"
+    folder.mkdir()
+    path = folder / "state.db"
+    if existing:
+        SqliteStore(path).close()
+    with unwritable(folder), pytest.raises(StoreError) as caught:
+        SqliteStore(path)
+    message = str(caught.value)
+    assert "not a valid state database" not in message
+    assert message.startswith(f"{path}: cannot ")
+    assert f"{folder} is not writable" in message
+
+
+def test_a_full_disk_at_open_says_the_disk_is_full(tmp_path: Path) -> None:
+    with small_disk(256) as disk:
+        fill_up(disk)
+        path = disk / "state.db"
+        with pytest.raises(StoreError) as caught:
+            SqliteStore(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ")
+    assert "the disk is full" in message
+    assert "not a valid state database" not in message
+
+
+def test_a_full_disk_while_running_logs_the_real_error(caplog: pytest.LogCaptureFixture) -> None:
+    """On SQLITE_FULL SQLite rolls the transaction back itself; the writer's own ROLLBACK then
+    failed with "no transaction is active", and that was the only error anyone saw."""
+    with small_disk(256) as disk:
+        store = SqliteStore(disk / "state.db", batch_interval=0.01)
+        try:
+            for n in range(100):
+                store.save_breakers({f"p{n}": {"padding": "x" * 4000}})
+            assert store.flush(timeout=5.0) is False  # it cannot all fit
+        finally:
+            store.close()
+    failures = [r.getMessage() for r in caplog.records if r.name == "proxy.store"]
+    assert failures, "the writer logged nothing"
+    assert all("no transaction is active" not in text for text in failures), failures
+    assert any("the disk is full (database or disk is full)" in text for text in failures), failures
+
+
+class _FailingWrites:
+    """The writer's connection, except that `executemany` fails like a full disk does: SQLite has
+    already rolled the transaction back when the error reaches Python."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        return self._conn.execute(sql, *args)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self._conn.execute("ROLLBACK")
+        error = sqlite3.OperationalError("database or disk is full")
+        error.sqlite_errorcode = sqlite3.SQLITE_FULL
+        raise error
+
+
+def test_a_failed_rollback_keeps_the_real_error(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same as the full-disk test above, by injection, for machines where no tmpfs can be mounted."""
+    store = SqliteStore(db_path, batch_interval=60.0)
+    try:
+        store._writer_db = _FailingWrites(store._writer_db)  # type: ignore[assignment]
+        store.save_breakers({"openai": BREAKER})
+        assert store.flush(timeout=0.5) is False
+    finally:
+        store.close()
+    failures = [r.getMessage() for r in caplog.records if r.name == "proxy.store"]
+    assert failures
+    assert all("no transaction is active" not in text for text in failures), failures
+    assert any("the disk is full (database or disk is full)" in text for text in failures), failures
 
 
 _WRITER_SCRIPT = """
@@ -351,3 +449,23 @@ def test_kill_9_while_writing_leaves_the_last_committed_state(tmp_path: Path) ->
     assert breaker_n - 1 <= connection_n <= breaker_n
     assert connection_n - 1 <= lockout_n <= connection_n
     assert lockout_n - 1 <= pin_n <= lockout_n
+
+
+@pytest.mark.parametrize(("data", "reason"), [("soon", "not JSON"), ("[1, 2]", "not a JSON object (list)")])
+def test_a_stored_row_that_is_not_a_record_names_its_table_and_row(
+    db_path: Path, data: str, reason: str
+) -> None:
+    SqliteStore(db_path).close()
+    conn = sqlite3.connect(db_path)
+    conn.execute("INSERT INTO connections (id, data) VALUES ('openai-main', ?)", (data,))
+    conn.commit()
+    conn.close()
+    store = SqliteStore(db_path)
+    try:
+        with pytest.raises(StoreError) as caught:
+            store.load()
+    finally:
+        store.close()
+    assert str(caught.value).startswith(
+        f"{db_path}: bad record in table connections, row 'openai-main': {reason}"
+    )

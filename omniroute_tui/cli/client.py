@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from omniroute_tui.cli.exit_codes import AuthRefused, InvalidValue, NoInstance, NotFound, Unexpected
 
@@ -39,12 +40,18 @@ class Target:
 
 
 def resolve_target(
-    url: str | None, token: str | None, config: str | None, env: Mapping[str, str] = os.environ
+    url: str | None,
+    token: str | None,
+    config: str | None,
+    env: Mapping[str, str] = os.environ,
+    state: str | None = None,
 ) -> Target:
-    """`--url`/`OMNIROUTE_URL` wins; otherwise the config's `[server]` host and port.
+    """`--url`/`OMNIROUTE_URL` wins; then the address of the instance that holds the state file
+    (`--state`/`OMNIROUTE_STATE`/the default), as its lock file says; else the config's `[server]`.
 
-    The config's management token is used only with the config's own address: a token written for
-    this machine's instance is never sent to a URL given by hand.
+    The config's management token is used only with this machine's instance: the config's own
+    address, or the one an instance on this machine's state file wrote into its lock. It is never
+    sent to a URL given by hand.
     """
     if url:
         url = url.strip().rstrip("/")
@@ -56,7 +63,8 @@ def resolve_target(
             )
             raise InvalidValue(f"--url {url!r}{source} is not a usable URL: {problem}")
         return Target(url, token or None)
-    from proxy.config import ConfigError, load_config, resolve_config_path
+    from proxy.config import ConfigError, load_config, resolve_config_path, resolve_state_path
+    from proxy.statelock import running_owner
 
     explicit = bool(config or env.get("OMNIROUTE_CONFIG"))
     try:
@@ -67,10 +75,20 @@ def resolve_target(
         where = f"{exc.path}: " if exc.path is not None else ""
         raise InvalidValue(f"{where}{first}{more}; fix it (`omniroute config check`) or pass --url") from None
     server = loaded.server
-    host = _WILDCARD_HOSTS.get(server.host, server.host)
+    owner = running_owner(resolve_state_path(state, env))
+    if owner is not None and owner.url:
+        parts = urlsplit(owner.url)
+        if parts.hostname is not None and parts.port is not None:
+            return Target(_address(parts.hostname, parts.port), token or server.management_token)
+    return Target(_address(server.host, server.port), token or server.management_token)
+
+
+def _address(host: str, port: int) -> str:
+    """The base URL to reach a listen address from this machine (a wildcard means loopback)."""
+    host = _WILDCARD_HOSTS.get(host, host)
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return Target(f"http://{host}:{server.port}", token or server.management_token)
+    return f"http://{host}:{port}"
 
 
 def check_url(url: str) -> str | None:

@@ -35,7 +35,10 @@ UrlOpt = Annotated[
         "--url",
         envvar="OMNIROUTE_URL",
         # Escaped: typer renders help as Rich markup, where a bare `[server]` is a tag and vanishes.
-        help="Instance to talk to, e.g. http://127.0.0.1:20128 (default: the config's \\[server] host and port).",
+        help=(
+            "Instance to talk to, e.g. http://127.0.0.1:20128 (default: the instance serving the state"
+            " file, as its lock file says; else the config's \\[server] host and port)."
+        ),
     ),
 ]
 TokenOpt = Annotated[
@@ -69,6 +72,6 @@ def as_json(json_: bool, output: Output | None) -> bool:
     return json_ or output is Output.json
 
 
-def connect(url: str | None, token: str | None, config: str | None) -> Api:
+def connect(url: str | None, token: str | None, config: str | None, state: str | None = None) -> Api:
     """A client for the instance the options point at."""
-    return Api(resolve_target(url, token, config))
+    return Api(resolve_target(url, token, config, state=state))

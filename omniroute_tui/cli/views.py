@@ -14,7 +14,16 @@ import typer
 
 from omniroute_tui import format as fmt
 from omniroute_tui.cli.exit_codes import HEALTHY_STATUSES, ExitCode
-from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
+from omniroute_tui.cli.options import (
+    ConfigOpt,
+    JsonOpt,
+    OutputOpt,
+    StateOpt,
+    TokenOpt,
+    UrlOpt,
+    as_json,
+    connect,
+)
 from omniroute_tui.cli.output import (
     STATE_STYLES,
     ago,
@@ -49,13 +58,15 @@ def status(
     url: UrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
+    state: StateOpt = None,
 ) -> None:
-    """One-screen summary of the running instance; exits 6 when it is degraded (0 when healthy).
+    """One-screen summary of the running instance (without --url: the one serving the state file);
+    exits 6 when it is degraded (0 when healthy).
 
     Example: [bold]omniroute status --json | jq -r .status[/bold]
     """
     json_ = as_json(json_, output)
-    with connect(url, token, config) as api:
+    with connect(url, token, config, state) as api:
         health = api.get(HEALTH)
     emit(health, json_=json_, human=lambda: _status_view(health, api.target.url))
     if health.get("status") not in HEALTHY_STATUSES:

@@ -3,7 +3,8 @@
 OmniRouteError
  ├── AdmissionError            a local decision not to send (never counts against an upstream)
  │    ├── QueueFull            429 RATE_LIMIT_QUEUE_FULL
- │    └── ExecutionTimeout     504 RATE_LIMIT_EXECUTION_TIMEOUT
+ │    ├── ExecutionTimeout     504 RATE_LIMIT_EXECUTION_TIMEOUT
+ │    └── Withdrawn            no answer of its own: the request falls back to the next candidate
  └── SettingsError             a rejected settings change, with every bad field
 """
 
@@ -26,6 +27,13 @@ class QueueFull(AdmissionError):
 
 class ExecutionTimeout(AdmissionError):
     code = "RATE_LIMIT_EXECUTION_TIMEOUT"
+
+
+class Withdrawn(AdmissionError):
+    """A queued request whose connection can no longer take it (it started cooling, its model was
+    locked, its provider's breaker opened while the request waited): it leaves the queue unsent."""
+
+    code = "withdrawn_from_queue"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,15 @@ that starts at dispatch and ends when the upstream response headers arrive (Exec
 These local rejections are the request's own: this module never touches breaker, cooldown or
 lockout state, and the engine must not report them as upstream failures.
 
-`update()` applies at once to admission, concurrency and the rate rules; a head-of-line request
-already sleeping on a rate rule re-checks the new settings when that sleep ends.
+`update()` applies at once to admission, concurrency and the rate rules, waking the request at
+the head of the line to re-check them.
+
+A request may say, with `still_wanted`, whether it should still be sent: it is asked before every
+wait and at dispatch, and `recheck()` (the engine calls it when a connection starts cooling, is
+locked or its breaker opens) wakes the head to ask at once. One that is no longer wanted leaves
+with `Withdrawn`, unsent and without using a turn of the rate rules, and the next in line is
+asked in its turn. Without this, requests admitted a moment before their key started cooling
+waited out the pacing (200 ms each, 100 a minute) only to hit the rate-limited upstream again.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.resilience.clock import Clock
-from proxy.resilience.errors import ExecutionTimeout, QueueFull
+from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 
 T = TypeVar("T")
 
@@ -110,21 +117,25 @@ class RequestLimiter:
         self._settings = settings
         if settings.requests_per_minute != self._recent.maxlen:
             self._recent = deque(self._recent, maxlen=settings.requests_per_minute)  # keeps the newest
-        self._poke()  # a raised concurrency limit may free the head at once
+        self._poke()  # a raised concurrency limit or a lower rate may free the head at once
+
+    def recheck(self) -> None:
+        """Wake the head of the line to ask its `still_wanted` now (cheap when nobody waits)."""
+        self._poke()
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[Dispatch]:
+    async def slot(self, still_wanted: Callable[[], bool] | None = None) -> AsyncIterator[Dispatch]:
         """Wait (FIFO) for a concurrency slot and the rate rules; hold the slot until the block exits.
 
         Raises QueueFull at once, before waiting, when `max_queue_depth > 0` and that many
-        requests are already queued.
+        requests are already queued; Withdrawn when `still_wanted()` says False before dispatch.
         """
         if not check_queue_admission(self._queued, self._settings.max_queue_depth):
             raise QueueFull(f"request queue full ({self._queued} queued)")
         self._queued += 1
         try:
             async with self._gate:
-                await self._wait_for_turn()
+                await self._wait_for_turn(still_wanted)
                 # No await from here to `yield`: the dispatch and the slot are taken atomically.
                 now = self._clock.now()
                 self._record_dispatch(now)
@@ -153,21 +164,35 @@ class RequestLimiter:
                 raise ExecutionTimeout(f"no upstream response within {budget_ms:g} ms of dispatch") from None
             raise
 
-    async def _wait_for_turn(self) -> None:
+    async def _wait_for_turn(self, still_wanted: Callable[[], bool] | None) -> None:
         while True:
+            if still_wanted is not None and not still_wanted():
+                raise Withdrawn("the connection can no longer take this request")
             settings = self._settings  # re-read: update() may change it while we wait
             if self._running >= settings.concurrent_requests:
-                loop = asyncio.get_running_loop()
-                self._wake = loop.create_future()
-                try:
-                    await self._wake
-                finally:
-                    self._wake = None
+                await self._nap(None)
                 continue
             delay_ms = self._rate_delay(self._clock.now(), settings)
             if delay_ms <= 0:
                 return
-            await self._sleep(delay_ms / 1000.0)
+            await self._nap(delay_ms / 1000.0)
+
+    async def _nap(self, seconds: float | None) -> None:
+        """Wait until poked (a slot freed, new settings, a recheck) or, given `seconds`, that long."""
+        wake = self._wake = asyncio.get_running_loop().create_future()
+        try:
+            if seconds is None:
+                await wake
+                return
+            # The sleep runs as its own task so that a poke can cut it short; only the head of the
+            # line ever sleeps, so this is one task at a time per connection, and only when pacing.
+            sleeper = asyncio.ensure_future(self._sleep(seconds))
+            try:
+                await asyncio.wait((wake, sleeper), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+        finally:
+            self._wake = None
 
     def _rate_delay(self, now: float, settings: QueueSettings) -> float:
         ready_at = self._last_dispatch + settings.min_time_between_requests_ms

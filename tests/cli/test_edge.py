@@ -277,5 +277,5 @@ def test_help_text_has_no_swallowed_markup_or_double_space(command: list[str]) -
     text = run(*command, "--help", env={"COLUMNS": "300"}).stdout
     # Two spaces after a word and before a lowercase one: a gap inside a sentence, not column padding.
     assert [line for line in text.splitlines() if re.search(r"[a-z,.;:')]  +[a-z]", line)] == []
-    if "--url" in text:
+    if "Instance to talk to" in text:  # the --url option's help
         assert "the config's [server] host and port" in text

@@ -96,18 +96,19 @@ def upstream() -> Iterator[tuple[FakeUpstream, str]]:
 
 @pytest.fixture
 def make_instance(tmp_path: Path) -> Iterator[Callable[..., Instance]]:
-    """`make_instance(token=None, alpha_url=None)` starts a proxy on a fresh config and state in tmp_path.
+    """`make_instance(token=None, alpha_url=None, state=None)` starts a proxy on a fresh config and state.
 
-    `alpha_url` is where provider alpha sends traffic (default: a refused port, for tests that send none).
+    `alpha_url` is where provider alpha sends traffic (default: a refused port, for tests that send none);
+    `state` is the state database (default: a new one in tmp_path).
     """
     started: list[Instance] = []
 
-    def make(token: str | None = None, alpha_url: str | None = None) -> Instance:
+    def make(token: str | None = None, alpha_url: str | None = None, state: Path | None = None) -> Instance:
         config_path = tmp_path / f"config-{len(started)}.toml"
         refused = FakeUpstream.refused_url()
         config_path.write_text(config_text(alpha_url or refused, refused, token))
         config_path.chmod(0o600)
-        instance = Instance(config_path, tmp_path / f"state-{len(started)}.db", token)
+        instance = Instance(config_path, state or tmp_path / f"state-{len(started)}.db", token)
         started.append(instance)
         return instance.start()
 

@@ -16,6 +16,7 @@ import pytest
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.timefmt import iso
 from proxy.settings import defaults
+from tests.conditions import fill_up, small_disk
 from tests.fakes import FakeUpstream
 
 if TYPE_CHECKING:  # fixtures hand these out; conftest modules are not imported by tests
@@ -961,3 +962,29 @@ async def test_with_a_token_remote_clients_need_it(guarded_app: Callable[[str | 
     status, body = await call_asgi(app, ("10.0.0.5", 1234), [bearer])
     assert status == 200
     assert body["status"] == "healthy"
+
+
+def test_a_settings_change_the_disk_refuses_is_a_503_and_not_applied(
+    make_instance: Callable[..., Instance], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a change that a restart would keep is acknowledged (issue #21): with the disk full,
+    PATCH says so, the live settings stay as they were, and the log has one line, no traceback."""
+    with small_disk(512) as disk:
+        state = disk / "state.db"
+        proxy = make_instance(state=state)
+        try:
+            before = ok_json(proxy.get("/api/resilience"))
+            fill_up(disk)
+            patch = {"providerBreaker": {"local": {"resetTimeoutMs": 1000}}}
+            response = proxy.send("PATCH", "/api/resilience", patch)
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert error["code"] == "state_store_error"
+            assert error["message"].startswith(f"not saved, so not applied: {state}: cannot save settings")
+            assert "the disk is full" in error["message"]
+            assert ok_json(proxy.get("/api/resilience")) == before
+            assert proxy.engine.providers["alpha"].breaker.policy.reset_timeout_ms == 15000
+        finally:
+            (disk / "filler").unlink()
+            proxy.stop()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

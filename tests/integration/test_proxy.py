@@ -535,6 +535,77 @@ def test_case_24_full_request_queue_rejects_at_once_and_touches_no_layer(
     proxy.settled()
 
 
+@pytest.mark.parametrize(
+    "queue",
+    [
+        {"minTimeBetweenRequestsMs": 5000},  # the later requests wait on the pacing rule
+        {"concurrentRequests": 1},  # ... or for the one slot, held by the request that gets the 429
+    ],
+    ids=["pacing", "concurrency"],
+)
+def test_requests_queued_behind_a_429_are_answered_at_once_without_reaching_the_upstream(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], queue: dict[str, int]
+) -> None:
+    """Issue #21's slow rejections: requests admitted while the key was eligible waited their turn
+    in its request queue (200 ms apart, 100 a minute) after the key had started cooling, then went
+    to the rate-limited upstream anyway, deepening its cooldown, and only then were told
+    `all_targets_cooling`. A queued request now leaves the queue as soon as its connection cannot
+    take it, and is answered like any request that finds the key cooling."""
+    up = upstreams()
+    proxy = launch(provider("key", "apikey", up.url, "key-1"), settings={"requestQueue": queue})
+    up.fake.script(Reply("slow_headers", status=429, delay_ms=300, headers={"retry-after": "3600"}))
+    queued = 4
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            first = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1")))
+            await until(lambda: len(up.calls()) == 1, what="request 1 to reach the upstream")
+            limiter = proxy.rt.engine.connections["key-1"].limiter
+            assert limiter is not None
+            rest = [asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1"))) for _ in range(queued)]
+            await until(lambda: limiter.queued == queued, what="the others to queue")
+            # Far less than one pacing interval (5 s) after the 429: nobody waited a turn.
+            async with asyncio.timeout(3.0):
+                return await asyncio.gather(first, *rest)
+
+    answers = asyncio.run(scenario())
+    assert [error_of(r, 429)["code"] for r in answers] == ["all_targets_cooling"] * (queued + 1)
+    assert len(up.calls()) == 1  # one 429, not one more per queued request
+    assert proxy.connection("key-1")["status"] == "cooling"
+    proxy.settled()
+
+
+def test_a_request_queued_on_a_connection_that_starts_cooling_falls_back_to_the_next(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    proxy = launch(
+        provider("key", "apikey", up.url, "key-1", "key-2"),
+        settings={"requestQueue": {"concurrentRequests": 1}},
+    )
+    up.fake.script(Reply("slow_headers", status=429, delay_ms=300, headers={"retry-after": "3600"}))
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            first = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1")))
+            await until(lambda: len(up.calls()) == 1, what="request 1 to reach the upstream")
+            limiter = proxy.rt.engine.connections["key-1"].limiter
+            assert limiter is not None
+            second = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1")))
+            await until(lambda: limiter.queued == 1, what="request 2 to queue on key-1")
+            return await asyncio.gather(first, second)
+
+    first, second = asyncio.run(scenario())
+    assert first.status_code == 200 and second.status_code == 200  # both served by key-2 in the end
+    assert second.headers["x-omniroute-selected-connection-id"] == "key-2"
+    assert [r.headers["authorization"] for r in up.calls()] == [
+        "Bearer key-key-1",
+        "Bearer key-key-2",
+        "Bearer key-key-2",
+    ]
+    proxy.settled()
+
+
 def test_case_25_execution_deadline_is_504_and_not_a_failure(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:

@@ -1,26 +1,32 @@
-"""`omniroute serve` refuses unsafe or broken setups at start, with one line and exit code 2."""
+"""`omniroute serve` refuses unsafe or broken setups at start, with one line and exit code 2.
+
+Real processes on real files: each test runs `omniroute serve` (and `omniroute status`) as a shell
+would, and waits for conditions under deadlines.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from proxy import __version__
+from proxy.store import SqliteStore
+from tests.conditions import fill_up, small_disk, unwritable
+from tests.instances import OMNIROUTE, environment, free_port, proxy_config, serving
 from tests.integration.conftest import Instance
 
-OMNIROUTE = [sys.executable, "-c", "from omniroute_tui.cli import main; main()"]
 
-
-def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "OMNIROUTE_STATE": str(tmp_path / "state.db"), **env}
-    environment.pop("OMNIROUTE_MANAGEMENT_TOKEN", None)
+def run(args: list[str], tmp_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMNIROUTE_STATE": str(tmp_path / "state.db")}
+    env.pop("OMNIROUTE_MANAGEMENT_TOKEN", None)
     return subprocess.run(
-        [*OMNIROUTE, "serve", *args], capture_output=True, text=True, timeout=60, env=environment
+        [*OMNIROUTE, "serve", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -82,3 +88,108 @@ def test_a_port_something_else_holds_is_refused_with_the_plain_reason(tmp_path: 
         f"omniroute: cannot listen on 127.0.0.1:{port}: Address already in use"
         " (is another instance running? choose another --port)\n"
     )
+
+
+# -- the state file (issue #21): every refusal is one line naming the file, exit 2 -----------------
+
+
+def serve_once(tmp_path: Path, state: Path, port: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`omniroute serve` expected to refuse to start (a start that serves instead times out the test)."""
+    config = proxy_config(tmp_path, port or free_port())
+    return run(["--config", str(config), "--state", str(state)], tmp_path, timeout=20)
+
+
+def test_a_state_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    """The issue's 0444 file run as another user: here the file is made unwritable for this very
+    user (immutable as root), which is what SQLite meets either way."""
+    state = tmp_path / "state.db"
+    SqliteStore(state).close()
+    with unwritable(state):
+        result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"omniroute: {state}: cannot write the state database: ")
+    assert f"{state} is not writable" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_full_disk_at_start_is_called_a_full_disk(tmp_path: Path) -> None:
+    with small_disk(256) as disk:
+        fill_up(disk)
+        state = disk / "state.db"
+        result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"omniroute: {state}: ")
+    assert "the disk is full" in result.stderr
+    assert "not a valid state database" not in result.stderr
+
+
+def test_a_bad_stored_record_names_the_file_table_and_row(tmp_path: Path) -> None:
+    state = tmp_path / "state.db"
+    store = SqliteStore(state)
+    store.save_connections({"alpha-1": {"rate_limited_until": "soon"}})
+    store.close()
+    result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"omniroute: {state}: bad record in table connections, row 'alpha-1': rate_limited_until:"
+    )
+    assert "unexpected error" not in result.stderr
+
+
+# -- one state file, one owner (issue #21) ---------------------------------------------------------
+
+
+def test_a_second_instance_on_the_same_state_file_is_refused(tmp_path: Path) -> None:
+    """Two instances on one file each kept their own engine and overwrote each other's settings."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as first:
+        second_port = free_port()
+        result = run(
+            ["--config", str(first.config), "--state", str(state), "--port", str(second_port)],
+            tmp_path,
+            timeout=30,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"omniroute: {state} is in use by omniroute (pid {first.proc.pid}, serving on"
+            f" 127.0.0.1:{first.port}); stop that instance first, or give this one another state file"
+            " (--state or OMNIROUTE_STATE)\n"
+        )
+        assert httpx.get(first.url + "/api/monitoring/health", timeout=5).status_code == 200
+        with socket.socket() as probe:  # the refused instance let go of its address too
+            probe.bind(("127.0.0.1", second_port))
+
+
+def test_a_lock_never_outlives_its_process(tmp_path: Path) -> None:
+    """kill -9 leaves no stale lock: the kernel drops it with the process."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as first:
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+    with serving(tmp_path, state, name="second") as second:
+        assert httpx.get(second.url + "/api/monitoring/health", timeout=5).status_code == 200
+
+
+def test_a_start_refused_for_its_port_creates_no_file(tmp_path: Path) -> None:
+    """The address is bound before the state file is locked or opened."""
+    state = tmp_path / "p.db"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = serve_once(tmp_path, state, port=taken.getsockname()[1])
+    assert result.returncode == 2, result.stderr
+    assert "cannot listen on" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
+
+
+def test_status_finds_the_instance_that_holds_the_state_file(tmp_path: Path) -> None:
+    """Without --url, `omniroute status` asks the state file's lock where its instance serves;
+    the config here names a port nothing listens on."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as first:
+        command = [*OMNIROUTE, "status", "--json", "--config", str(first.config), "--state", str(state)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environment())
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["version"] == __version__
+    after = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environment())
+    assert after.returncode == 3, after.stderr  # stopped: the lock is free, the config's port is empty

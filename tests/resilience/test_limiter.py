@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from proxy.resilience.clock import FakeClock, SystemClock
-from proxy.resilience.errors import AdmissionError, ExecutionTimeout, QueueFull
+from proxy.resilience.errors import AdmissionError, ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.limiter import Dispatch, QueueSettings, RequestLimiter, check_queue_admission
 
 T0 = 1_767_225_600_000.0  # FakeClock's default start
@@ -315,3 +315,66 @@ async def test_the_slot_is_released_when_the_block_raises() -> None:
             assert limiter.running == 1
             raise ValueError("upstream blew up")
     assert (limiter.running, limiter.queued) == (0, 0)
+
+
+async def test_a_queued_request_no_longer_wanted_leaves_at_once_and_uses_no_turn() -> None:
+    """The request at the head sleeps on the pacing rule; its connection stops being usable (it
+    started cooling): `recheck()` wakes it, it leaves with Withdrawn, and so does everyone behind it
+    that is not wanted either, without sleeping and without taking a dispatch from the rate rules."""
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(min_time_between_requests_ms=60_000), clock)
+    usable = True
+    outcomes: list[str] = []
+
+    async def request(n: int) -> None:
+        try:
+            async with limiter.slot(still_wanted=lambda: usable):
+                outcomes.append(f"{n} dispatched")
+        except Withdrawn:
+            outcomes.append(f"{n} withdrawn")
+
+    first = asyncio.create_task(request(1))
+    await _spin()
+    rest = [asyncio.create_task(request(n)) for n in (2, 3, 4)]
+    await _spin()
+    assert outcomes == ["1 dispatched"] and limiter.queued == 3  # 2 sleeps a minute; 3 and 4 wait behind
+    usable = False
+    limiter.recheck()
+    async with asyncio.timeout(1.0):  # real time: the minute of pacing is not waited
+        await asyncio.gather(first, *rest)
+    assert outcomes == ["1 dispatched", "2 withdrawn", "3 withdrawn", "4 withdrawn"]
+    assert (limiter.running, limiter.queued) == (0, 0)
+    usable = True
+    clock.advance(60_000)  # only the one real dispatch counts for pacing
+    async with asyncio.timeout(1.0), limiter.slot(still_wanted=lambda: usable) as dispatch:
+        assert dispatch.dispatched_at == T0 + 60_000
+
+
+async def test_a_request_waiting_for_a_concurrency_slot_is_withdrawn_on_recheck() -> None:
+    limiter = RequestLimiter(
+        QueueSettings(min_time_between_requests_ms=0, concurrent_requests=1), FakeClock()
+    )
+    gate = asyncio.Event()
+    usable = True
+
+    async def holder() -> None:
+        async with limiter.slot():
+            await gate.wait()
+
+    async def waiter() -> None:
+        async with limiter.slot(still_wanted=lambda: usable):
+            raise AssertionError("dispatched although its connection was no longer usable")
+
+    holding = asyncio.create_task(holder())
+    await _spin()
+    waiting = asyncio.create_task(waiter())
+    await _spin()
+    assert limiter.queued == 1
+    usable = False
+    limiter.recheck()
+    with pytest.raises(Withdrawn):
+        async with asyncio.timeout(1.0):
+            await waiting
+    assert (limiter.running, limiter.queued) == (1, 0)
+    gate.set()
+    await holding

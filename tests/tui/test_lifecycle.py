@@ -15,6 +15,7 @@ from omniroute_tui.app import make_app, run_tui
 from proxy import __version__, serve
 from proxy.app import create_app
 from tests.fakes import serve as serve_app
+from tests.instances import free_port, serving
 from tests.tui.snapshot_app import CONFIG, build_runtime
 
 SIZE = (120, 40)
@@ -109,3 +110,17 @@ def test_a_broken_config_is_reported_without_traceback(
     err = capsys.readouterr().err
     assert "invalid TOML" in err
     assert "Traceback" not in err
+
+
+def test_a_state_file_that_serve_holds_is_refused_by_the_console(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tui` and `serve` on one state file each kept their own engine (issue #21): the second refuses."""
+    state = tmp_path / "state.db"
+    with serving(tmp_path, state) as running:
+        code = run_tui(serve.Options(config=str(running.config), state=str(state), port=free_port()))
+        assert code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"omniroute: {state} is in use by omniroute (pid {running.proc.pid}, serving on 127.0.0.1:{running.port})"
+        )

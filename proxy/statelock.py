@@ -1,0 +1,181 @@
+"""One state file, one owner: an exclusive lock on `state.db.lock`, held for the instance's life.
+
+Two instances on one state file each keep their own view of the engine and each write whole
+settings documents, so one silently overwrites what the other acknowledged. The lock makes the
+second one refuse to start instead.
+
+Why `flock(2)` on a file beside the database: the kernel drops the lock when the process ends,
+however it ends (`kill -9` included), so a lock is never stale and nothing needs cleaning up;
+whether the file exists says nothing, only whether it is locked does. The file holds JSON
+`{pid, url, version, started}`, written as soon as the lock is taken (the socket is bound by
+then): the second instance quotes it, and `omniroute status` finds the running instance's address
+in it. The file is never deleted: with a deleted lock file, a third process could lock a new file
+under the same name while a second still holds the old one.
+
+Only the standard library is imported here: the CLI's read commands use `running_owner`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Owner", "StateInUse", "StateLock", "lock_path", "running_owner"]
+
+ACQUIRE_PATIENCE_S = 0.5
+"""How long a start retries a held lock: `running_owner` holds a shared lock for microseconds to
+test the file, and a start at that very moment must not be refused for it."""
+_RETRY_S = 0.02
+
+
+def lock_path(state_path: Path) -> Path:
+    """`state.db` → `state.db.lock`, in the same directory."""
+    return state_path.with_name(state_path.name + ".lock")
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """What the instance holding a state file wrote about itself (None where unreadable)."""
+
+    pid: int | None
+    url: str | None
+    version: str | None
+    started: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            return cls(None, None, None, None)
+        return cls(
+            _typed(data, "pid", int),
+            _typed(data, "url", str),
+            _typed(data, "version", str),
+            _typed(data, "started", str),
+        )
+
+    def describe(self) -> str:
+        """`pid 4242, serving on 127.0.0.1:20128`: what an operator needs to find it."""
+        parts = [f"pid {self.pid}" if self.pid is not None else "pid unknown"]
+        if self.url:
+            parts.append(f"serving on {self.url.removeprefix('http://').removeprefix('https://')}")
+        return ", ".join(parts)
+
+
+class StateInUse(Exception):
+    """Another process holds the state file's lock."""
+
+    def __init__(self, state_path: Path, owner: Owner) -> None:
+        self.state_path = state_path
+        self.owner = owner
+        super().__init__(
+            f"{state_path} is in use by omniroute ({owner.describe()}); stop that instance first,"
+            " or give this one another state file (--state or OMNIROUTE_STATE)"
+        )
+
+
+class StateLock:
+    """The held lock; `release()` (or leaving the `with` block) gives it up. Process exit does too."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, state_path: Path, *, url: str, version: str) -> StateLock:
+        """Lock `state_path`'s lock file and write who holds it.
+
+        StateInUse when another process holds it; OSError when the lock file cannot be created
+        or written (its directory is not writable, the disk is full).
+        """
+        path = lock_path(state_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            deadline = time.monotonic() + ACQUIRE_PATIENCE_S
+            while not _try_lock(fd, exclusive=True):
+                if time.monotonic() >= deadline:
+                    raise StateInUse(state_path, Owner.parse(_read(fd)))
+                time.sleep(_RETRY_S)
+            owner = {
+                "pid": os.getpid(),
+                "url": url,
+                "version": version,
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        except BaseException:
+            os.close(fd)  # closing drops the lock if we took it
+            raise
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Idempotent. The owner record is cleared first, so the file never names a stopped instance."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):  # the lock goes with the descriptor either way
+            os.ftruncate(fd, 0)
+        os.close(fd)
+
+    def __enter__(self) -> StateLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def running_owner(state_path: Path) -> Owner | None:
+    """The instance holding `state_path`, or None when nothing runs on it (the lock is free)."""
+    try:
+        fd = os.open(lock_path(state_path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if _try_lock(fd, exclusive=False):
+            return None  # free: whatever the file says is from an instance that has ended
+        return Owner.parse(_read(fd))
+    finally:
+        os.close(fd)  # also drops the shared lock, if taken
+
+
+def _read(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+
+
+def _typed(data: dict[str, Any], key: str, kind: type[Any]) -> Any:
+    value = data.get(key)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+if sys.platform == "win32":
+
+    def _try_lock(fd: int, *, exclusive: bool) -> bool:
+        # Windows has no flock: the instance runs without the lock (mandatory byte-range locks
+        # would keep the second instance from even reading who holds the file).
+        return True
+
+else:
+    import fcntl
+
+    def _try_lock(fd: int, *, exclusive: bool) -> bool:
+        """Take the lock without waiting; False when another open file description holds it."""
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
