@@ -1,0 +1,49 @@
+"""Issue #9, "every promise holds under concurrency": each promise reproduced over real HTTP.
+
+Overlap is the point: requests are in flight together, so most tests drive an `httpx.AsyncClient`
+from one event loop while the proxy and the fake upstreams serve on their own threads. The engine
+runs on a FakeClock wherever the rule is about engine time (cooldown waits, probe leases, lock
+lengths); where the rule is about how long the upstream really takes (the execution deadline), the
+clock is the real one and the fake upstream's own delay is the only wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.integration import test_proxy as harness
+from tests.integration.test_proxy import Proxy, Upstream, error_reply, provider
+
+# The harness's fixtures, under the names the tests ask for.
+started = harness.started
+upstreams = harness.upstreams
+launch = harness.launch
+
+GOOGLE_PER_MINUTE = (
+    "Quota exceeded for quota metric 'Generate Content API requests per minute' and limit "
+    "'GenerateContent request limit per minute for a region' of service "
+    "'generativelanguage.googleapis.com' for consumer 'project_number:123'."
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 3: a rate quota is not exhausted credits; a model's access is not an expired key
+
+
+def test_a_per_minute_quota_cools_the_key_and_a_model_access_403_leaves_it_active(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    proxy = launch(provider("key", "apikey", up.url, "key-a", "key-b"))
+    up.fake.script(error_reply(429, GOOGLE_PER_MINUTE))
+    served = proxy.chat("key/m1")
+    assert served.status_code == 200
+    assert served.headers["x-omniroute-selected-connection-id"] == "key-b"
+    conn = proxy.connection("key-a")
+    assert (conn["status"], conn["errorCode"]) == ("cooling", 429)  # not credits_exhausted
+
+    up.fake.script(error_reply(403, "Unauthorized: you do not have access to model m2"))
+    served = proxy.pinned("key/m2", "key-b")
+    assert served.status_code == 403  # one connection pinned: the upstream's own answer
+    assert proxy.connection("key-b")["status"] == "active"  # not expired: the key is fine
+    proxy.settled()
