@@ -522,7 +522,9 @@ class Engine:
         health = conn.health
         effect = verdict.connection
         if effect is ConnectionEffect.CLEAR:
-            if health.last_error is not None or health.backoff_level or health.rate_limited_until is not None:
+            if health.terminal is None and (
+                health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
+            ):
                 health.record_success(now)
                 self._dirty_connections.add(cid)
         elif effect is not ConnectionEffect.NONE:

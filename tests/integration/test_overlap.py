@@ -9,10 +9,23 @@ clock is the real one and the fake upstream's own delay is the only wait.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
+import httpx
+
+from tests.fakes import Reply
 from tests.integration import test_proxy as harness
-from tests.integration.test_proxy import Proxy, Upstream, error_reply, provider
+from tests.integration.test_proxy import (
+    CHAT_PATH,
+    Proxy,
+    Upstream,
+    chat,
+    error_of,
+    error_reply,
+    provider,
+    until,
+)
 
 # The harness's fixtures, under the names the tests ask for.
 started = harness.started
@@ -46,4 +59,33 @@ def test_a_per_minute_quota_cools_the_key_and_a_model_access_403_leaves_it_activ
     served = proxy.pinned("key/m2", "key-b")
     assert served.status_code == 403  # one connection pinned: the upstream's own answer
     assert proxy.connection("key-b")["status"] == "active"  # not expired: the key is fine
+    proxy.settled()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 2: a success that was in flight when a key went terminal does not revive it
+
+
+def test_a_late_success_does_not_revive_an_expired_key(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    proxy = launch(provider("key", "apikey", up.url, "key-a", "key-b"))
+    up.fake.by_model("slow", Reply("slow_headers", delay_ms=600))
+    pin = {"X-OmniRoute-Connection": "key-a"}
+
+    async def scenario() -> tuple[int, int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            slow = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/slow"), headers=pin))
+            await until(lambda: len(up.calls()) == 1, what="the slow request to reach the upstream")
+            up.fake.script(error_reply(401, "Incorrect API key provided"))
+            expired = await client.post(CHAT_PATH, json=chat("key/m1"), headers=pin)
+            assert not slow.done(), "the success must arrive after the 401"
+            return expired.status_code, (await slow).status_code
+
+    assert asyncio.run(scenario()) == (503, 200)
+    conn = proxy.connection("key-a")
+    assert (conn["status"], conn["errorCode"]) == ("expired", 401)
+    assert error_of(proxy.pinned("key/m1", "key-a"), 503)["code"] == "all_targets_unavailable"
+    assert len(up.calls()) == 2  # the expired key took no new traffic
     proxy.settled()
