@@ -568,6 +568,7 @@ class Engine:
                 status=outcome.status,
                 reason=verdict.reason,
                 hint_ms=hint,
+                started_at=attempt.started_at,
             )
             self._dirty_lockouts.add((pid, cid, model))
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import httpx
 
+from proxy.resilience.clock import FakeClock
 from tests.fakes import Reply
 from tests.integration import test_proxy as harness
 from tests.integration.test_proxy import (
@@ -32,6 +33,7 @@ started = harness.started
 upstreams = harness.upstreams
 launch = harness.launch
 
+LOCKOUT_ON = {"modelLockout": {"enabled": True}}
 GOOGLE_PER_MINUTE = (
     "Quota exceeded for quota metric 'Generate Content API requests per minute' and limit "
     "'GenerateContent request limit per minute for a region' of service "
@@ -88,4 +90,28 @@ def test_a_late_success_does_not_revive_an_expired_key(
     assert (conn["status"], conn["errorCode"]) == ("expired", 401)
     assert error_of(proxy.pinned("key/m1", "key-a"), 503)["code"] == "all_targets_unavailable"
     assert len(up.calls()) == 2  # the expired key took no new traffic
+    proxy.settled()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 4: lockouts' anti-thundering-herd rule
+
+
+def test_ten_concurrent_404s_on_one_triple_give_one_base_length_lock(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"), settings=LOCKOUT_ON, clock=clock)
+    up.fake.by_model("gone", Reply("slow_headers", status=404, delay_ms=300))
+
+    async def scenario() -> list[int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            sent = [asyncio.create_task(client.post(CHAT_PATH, json=chat("loc/gone"))) for _ in range(10)]
+            return [r.status_code for r in await asyncio.gather(*sent)]
+
+    assert asyncio.run(scenario()) == [404] * 10
+    assert len(up.calls()) == 10  # all ten were in flight together
+    [lock] = proxy.lockouts()
+    assert (lock["model"], lock["failureCount"], lock["remainingMs"]) == ("gone", 1, 120_000)
     proxy.settled()
