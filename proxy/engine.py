@@ -81,14 +81,14 @@ class ConnectionRuntime:
 
     __slots__ = ("health", "id", "in_flight", "last_used", "limiter", "priority", "semaphore", "spec")
 
-    def __init__(self, spec: ConnectionSpec, health: ConnectionHealth) -> None:
+    def __init__(
+        self, spec: ConnectionSpec, health: ConnectionHealth, semaphore: ConnectionSemaphore | None = None
+    ) -> None:
         self.spec = spec
         self.id = spec.id
         self.priority = spec.priority
         self.health = health
-        self.semaphore: ConnectionSemaphore | None = (
-            ConnectionSemaphore(spec.max_concurrent) if spec.max_concurrent else None
-        )
+        self.semaphore = semaphore
         self.limiter: RequestLimiter | None = None
         self.in_flight = 0
         self.last_used = 0.0
@@ -263,7 +263,14 @@ class Engine:
             if c.provider not in self.providers:
                 raise ValueError(f"connection {c.id!r} names unknown provider {c.provider!r}")
             health = ConnectionHealth(c.id, c.provider, enabled=c.enabled, emit=self._emit)
-            runtime = ConnectionRuntime(c, health)
+            # The semaphore speaks on the engine's bus and reads the engine's clock like every
+            # other layer, so its fail-open events reach the Events tab and /api/events.
+            semaphore = (
+                ConnectionSemaphore(c.max_concurrent, key=c.id, clock=self.clock, emit=self._emit)
+                if c.max_concurrent
+                else None
+            )
+            runtime = ConnectionRuntime(c, health, semaphore)
             self.connections[c.id] = runtime
             self.providers[c.provider].connections.append(runtime)
         for provider in self.providers.values():

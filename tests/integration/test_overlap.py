@@ -115,3 +115,45 @@ def test_ten_concurrent_404s_on_one_triple_give_one_base_length_lock(
     [lock] = proxy.lockouts()
     assert (lock["model"], lock["failureCount"], lock["remainingMs"]) == ("gone", 1, 120_000)
     proxy.settled()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 6: the semaphore's fail-open is an engine event like any other
+
+
+def one_slot(pid: str, cls: str, url: str, cid: str, *, max_concurrent: int = 1) -> str:
+    """TOML for a provider with one connection that declares `max_concurrent`."""
+    return (
+        f'[providers.{pid}]\nclass = "{cls}"\nbase_url = "{url}"\n\n'
+        f'[[providers.{pid}.connections]]\nid = "{cid}"\napi_key = "key-{cid}"\n'
+        f"max_concurrent = {max_concurrent}\n\n"
+    )
+
+
+def test_a_fail_open_shows_in_the_events_with_the_engine_clock(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(
+        one_slot("loc", "local", up.url, "loc-1"),
+        settings={"quotaShareConcurrencyLimit": {"queueDepth": 0}},  # no waiting: the second goes open
+        clock=clock,
+    )
+    up.fake.by_model("slow", Reply("slow_headers", delay_ms=400))
+    since = proxy.rt.bus.last_seq
+
+    async def scenario() -> list[int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            first = asyncio.create_task(client.post(CHAT_PATH, json=chat("loc/slow")))
+            await until(lambda: len(up.calls()) == 1, what="the first request to hold the slot")
+            second = await client.post(CHAT_PATH, json=chat("loc/m1"))
+            return [second.status_code, (await first).status_code]
+
+    assert asyncio.run(scenario()) == [200, 200]
+    assert up.fake.max_in_flight == 2  # fail-open: the second went ahead without a slot
+    events = proxy.http.get("/api/events", params={"after": since}).json()["events"]
+    opened = [e for e in events if e["to"] == "fail_open"]
+    assert [(e["layer"], e["key"], e["from"]) for e in opened] == [("connection", "loc-1", "saturated")]
+    assert opened[0]["ts"] == clock.now()  # stamped by the engine's clock, not the wall clock
+    proxy.settled()
