@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.config import Config
 from proxy.engine import Attempt, Engine, NoTarget, Target
+from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.watchdog import ThroughputWatchdog
@@ -57,6 +58,8 @@ class Pipeline:
         self.engine = engine
         self.router = router
         self.upstream = upstream
+        self.waiting = 0
+        """Requests waiting out a cooldown right now (cooldown-aware retry)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -139,19 +142,34 @@ class Pipeline:
         wake = decision.earliest_waitable
         if wake is None:
             return None
-        delay_ms = max(0.0, wake - self.engine.clock.now()) + WAIT_SLACK_MS
+        now = self.engine.clock.now()
+        delay_ms = max(0.0, wake - now) + WAIT_SLACK_MS
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
             return None
         progress.waits += 1
         progress.waited_ms += delay_ms
-        remaining = delay_ms / 1000
-        while remaining > 0:
-            step = min(remaining, DISCONNECT_POLL_S)
-            await asyncio.sleep(step)
-            remaining -= step
-            if await request.is_disconnected():
-                return False
-        return True
+        self.waiting += 1
+        try:
+            return await self._wait_until(request, now + delay_ms)
+        finally:
+            self.waiting -= 1
+
+    async def _wait_until(self, request: Request, when: float) -> bool:
+        """Wait until the engine's clock reads `when` (True), or until the client leaves (False).
+
+        The clock decides when the wait ends, like every other engine duration, so the wait is as
+        long in engine time as the cooldown it waits out (and a FakeClock test ends it by advancing).
+        """
+        timer = asyncio.ensure_future(sleep_until(self.engine.clock, when))
+        try:
+            while True:
+                done, _ = await asyncio.wait((timer,), timeout=DISCONNECT_POLL_S)
+                if done:
+                    return True
+                if await request.is_disconnected():
+                    return False
+        finally:
+            timer.cancel()
 
     async def _attempt(
         self,

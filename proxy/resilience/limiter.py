@@ -12,6 +12,9 @@ lockout state, and the engine must not report them as upstream failures.
 
 `update()` applies at once to admission, concurrency and the rate rules; a head-of-line request
 already sleeping on a rate rule re-checks the new settings when that sleep ends.
+
+Every duration here is engine time: the pacing waits and the execution deadline end when the
+limiter's clock (the engine's) says so, so a FakeClock test moves them by advancing the clock.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from proxy.resilience.clock import Clock
+from proxy.resilience.clock import Clock, sleep_until, timeout_at
 from proxy.resilience.errors import ExecutionTimeout, QueueFull
 
 T = TypeVar("T")
@@ -77,9 +80,10 @@ class RequestLimiter:
         settings: QueueSettings,
         clock: Clock,
         *,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
-        """`sleep` takes SECONDS (tests pass one that advances a FakeClock)."""
+        """`sleep`, if given, takes SECONDS and replaces the wait on the clock for the pacing rules
+        (tests pass one that records the delays and advances a FakeClock)."""
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
@@ -140,11 +144,10 @@ class RequestLimiter:
     async def within_deadline(self, dispatch: Dispatch, awaitable: Awaitable[T]) -> T:
         """Await the upstream call up to its response headers; past the deadline raise ExecutionTimeout."""
         budget_ms = dispatch.deadline - dispatch.dispatched_at
-        remaining_ms = dispatch.deadline - self._clock.now()
-        if remaining_ms <= 0:
+        if dispatch.deadline <= self._clock.now():
             _discard(awaitable)
             raise ExecutionTimeout(f"no upstream response within {budget_ms:g} ms of dispatch")
-        timeout = asyncio.timeout(remaining_ms / 1000.0)
+        timeout = timeout_at(self._clock, dispatch.deadline)
         try:
             async with timeout:
                 return await awaitable
@@ -164,10 +167,14 @@ class RequestLimiter:
                 finally:
                     self._wake = None
                 continue
-            delay_ms = self._rate_delay(self._clock.now(), settings)
+            now = self._clock.now()
+            delay_ms = self._rate_delay(now, settings)
             if delay_ms <= 0:
                 return
-            await self._sleep(delay_ms / 1000.0)
+            if self._sleep is not None:
+                await self._sleep(delay_ms / 1000.0)
+            else:
+                await sleep_until(self._clock, now + delay_ms)
 
     def _rate_delay(self, now: float, settings: QueueSettings) -> float:
         ready_at = self._last_dispatch + settings.min_time_between_requests_ms

@@ -315,3 +315,37 @@ async def test_the_slot_is_released_when_the_block_raises() -> None:
             assert limiter.running == 1
             raise ValueError("upstream blew up")
     assert (limiter.running, limiter.queued) == (0, 0)
+
+
+async def test_the_execution_deadline_is_engine_time() -> None:
+    # Issue #9, item 12: the deadline ends when the engine's clock passes it, not after real time.
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(max_wait_ms=15_000), clock)
+    async with limiter.slot() as dispatch:
+        call = asyncio.create_task(limiter.within_deadline(dispatch, asyncio.Event().wait()))
+        await _spin()
+        clock.advance(14_999)
+        await _spin()
+        assert not call.done()
+        clock.advance(1)
+        with pytest.raises(ExecutionTimeout):
+            await asyncio.wait_for(call, 1.0)
+
+
+async def test_the_pacing_wait_is_engine_time() -> None:
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(min_time_between_requests_ms=60_000), clock)
+    async with limiter.slot() as first:
+        pass
+    second = asyncio.create_task(_dispatch_time(limiter))
+    await _spin()
+    clock.advance(59_999)
+    await _spin()
+    assert not second.done()
+    clock.advance(1)
+    assert await asyncio.wait_for(second, 1.0) == first.dispatched_at + 60_000
+
+
+async def _dispatch_time(limiter: RequestLimiter) -> float:
+    async with limiter.slot() as dispatch:
+        return dispatch.dispatched_at

@@ -222,3 +222,21 @@ async def test_case_23_thousand_mixed_requests_with_cancellations_leave_no_trace
     assert outcomes["fail_open"] > 100
     assert most_holding == 3
     assert (sem.in_use, sem.waiting, holding) == (0, 0, 0)
+
+
+async def test_the_wait_timeout_is_engine_time() -> None:
+    # Issue #9, item 12: the slot wait's timeout is read on the engine's clock, so 30 s of engine
+    # time pass at once on a FakeClock, and real time alone never ends it.
+    events: list[Event] = []
+    clock = FakeClock()
+    sem = ConnectionSemaphore(1, key="box", clock=clock, emit=events.append)
+    assert await sem.acquire(queue_depth=20, timeout_ms=30_000) is True
+    waiter = asyncio.create_task(sem.acquire(queue_depth=20, timeout_ms=30_000))
+    await _spin()
+    clock.advance(29_999)
+    await _spin()
+    assert (waiter.done(), sem.waiting) == (False, 1)
+    clock.advance(1)
+    assert await asyncio.wait_for(waiter, 1.0) is False
+    assert [(e.to, e.reason, e.ts) for e in events] == [("fail_open", "no slot within 30000 ms", clock.now())]
+    assert (sem.in_use, sem.waiting) == (1, 0)
