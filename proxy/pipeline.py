@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.config import Config
-from proxy.engine import Attempt, Engine, NoTarget, Target
+from proxy.engine import Attempt, Engine, NoTarget, Recorded, Target
 from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull
+from proxy.resilience.limiter import Ticket
 from proxy.resilience.outcome import Outcome, OutcomeKind
+from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
@@ -181,7 +183,12 @@ class Pipeline:
         targets: list[Target],
         session: str | None,
     ) -> Response | None:
-        """Run one attempt. A Response ends the request; None means: fall back to the next candidate."""
+        """Run one attempt. A Response ends the request; None means: fall back to the next candidate.
+
+        The attempt's `_AttemptScope` owns everything it takes (queue place, concurrency slot,
+        upstream response) and records its one outcome; whatever path leaves here without a
+        relay taking the scope over closes it, which records a disconnect if nothing else was.
+        """
         engine = self.engine
         conn = attempt.connection
         provider = attempt.provider
@@ -195,104 +202,110 @@ class Pipeline:
         api_key = conn_config.api_key if conn_config else None
         extra = self.config.providers[provider.spec.id].headers
 
-        stack = AsyncExitStack()
+        scope = _AttemptScope(engine, attempt, session)
         try:
-            limiter = engine.limiter_for(conn, provider)
-            dispatch = await stack.enter_async_context(limiter.slot()) if limiter is not None else None
-            sem = conn.semaphore
-            if sem is not None:
-                quota = engine.settings.quota_share()
-                if quota.enabled:
-                    await stack.enter_async_context(
-                        sem.slot(queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms)
-                    )
-            send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
-            if limiter is not None and dispatch is not None:
-                upstream = await limiter.within_deadline(dispatch, send)
-            else:
-                upstream = await send
-        except QueueFull:
-            await stack.aclose()
-            engine.record(attempt, Outcome.local("request queue full"))
-            return error_response(
-                429,
-                f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
-                "RATE_LIMIT_QUEUE_FULL",
-                headers=headers,
-            )
-        except ExecutionTimeout:
-            await stack.aclose()
-            engine.record(attempt, Outcome.local("execution deadline passed"))
-            return error_response(
-                504,
-                f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
-                "RATE_LIMIT_EXECUTION_TIMEOUT",
-                headers=headers,
-            )
-        except UpstreamFailure as failure:
-            await stack.aclose()
-            self._failed(attempt, failure.outcome, progress, headers, session)
-            return None
-        except BaseException:
-            await stack.aclose()
-            engine.record(attempt, Outcome.disconnect())
-            raise
-
-        if upstream.status >= 400:
-            text = await upstream.read_error_text()
-            await stack.aclose()
-            recorded = engine.record(
-                attempt, Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text), session=session
-            )
-            status = recorded.status or upstream.status
-            if recorded.client_retry_after_ms is not None:
-                progress.client_retry_ms = recorded.client_retry_after_ms
-            passthrough_headers = dict(headers)
-            for name in ("retry-after", "retry-after-ms"):
-                if name in upstream.headers:
-                    passthrough_headers[name] = upstream.headers[name]
-            if recorded.client_retry_after_ms is not None:
-                passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
-            reply = Response(
-                text.encode(),
-                status_code=status,
-                media_type=upstream.content_type,
-                headers=passthrough_headers,
-            )
-            if recorded.verdict.fallback:
-                progress.last_error = reply
+            try:
+                upstream = await self._dispatch(scope, url, data, api_key, extra)
+            except QueueFull:
+                scope.finish(Outcome.local("request queue full"))
+                return error_response(
+                    429,
+                    f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
+                    "RATE_LIMIT_QUEUE_FULL",
+                    headers=headers,
+                )
+            except ExecutionTimeout:
+                scope.finish(Outcome.local("execution deadline passed"))
+                return error_response(
+                    504,
+                    f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
+                    "RATE_LIMIT_EXECUTION_TIMEOUT",
+                    headers=headers,
+                )
+            except UpstreamFailure as failure:
+                self._failed(scope, failure.outcome, progress, headers)
                 return None
-            return reply
 
-        if stream and upstream.content_type.startswith("text/event-stream"):
-            return await self._start_stream(attempt, upstream, stack, headers, progress, session)
+            if upstream.status >= 400:
+                text = await upstream.read_error_text()
+                recorded = scope.finish(Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text))
+                status = recorded.status or upstream.status
+                if recorded.client_retry_after_ms is not None:
+                    progress.client_retry_ms = recorded.client_retry_after_ms
+                passthrough_headers = dict(headers)
+                for name in ("retry-after", "retry-after-ms"):
+                    if name in upstream.headers:
+                        passthrough_headers[name] = upstream.headers[name]
+                if recorded.client_retry_after_ms is not None:
+                    passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
+                reply = Response(
+                    text.encode(),
+                    status_code=status,
+                    media_type=upstream.content_type,
+                    headers=passthrough_headers,
+                )
+                if recorded.verdict.fallback:
+                    progress.last_error = reply
+                    return None
+                return reply
 
-        try:
-            content = await upstream.read()
-        except UpstreamFailure as failure:
-            await stack.aclose()
-            self._failed(attempt, failure.outcome, progress, headers, session)
-            return None
-        except BaseException:
-            await stack.aclose()
-            engine.record(attempt, Outcome.disconnect())
-            raise
-        await stack.aclose()
-        engine.record(attempt, Outcome.ok(upstream.status), session=session)
-        return Response(
-            content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
-        )
+            if stream and upstream.content_type.startswith("text/event-stream"):
+                return await self._start_stream(scope, upstream, headers, progress)
+
+            try:
+                content = await upstream.read()
+            except UpstreamFailure as failure:
+                self._failed(scope, failure.outcome, progress, headers)
+                return None
+            scope.finish(Outcome.ok(upstream.status))
+            return Response(
+                content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
+            )
+        finally:
+            # Every path above either recorded an outcome or handed the scope to a relay; anything
+            # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
+            if not scope.handed_off:
+                scope.close()
+
+    async def _dispatch(
+        self,
+        scope: _AttemptScope,
+        url: str,
+        data: bytes,
+        api_key: str | None,
+        extra: Mapping[str, str],
+    ) -> UpstreamResponse:
+        """Take the attempt's local places (the scope owns each as soon as it is taken), then send
+        it and wait for the response headers."""
+        engine = self.engine
+        attempt = scope.attempt
+        limiter = engine.limiter_for(attempt.connection, attempt.provider)
+        ticket = limiter.admit() if limiter is not None else None
+        scope.ticket = ticket
+        dispatch = await ticket.dispatch() if ticket is not None else None
+        sem = attempt.connection.semaphore
+        if sem is not None:
+            quota = engine.settings.quota_share()
+            if quota.enabled and await sem.acquire(
+                queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
+            ):
+                scope.semaphore = sem  # no await since the slot was granted: the scope owns it
+        send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
+        if limiter is not None and dispatch is not None:
+            upstream = await limiter.within_deadline(dispatch, send)
+        else:
+            upstream = await send
+        scope.upstream = upstream
+        return upstream
 
     # ------------------------------------------------------------------ streams
 
     async def _start_stream(
         self,
-        attempt: Attempt,
+        scope: _AttemptScope,
         upstream: UpstreamResponse,
-        stack: AsyncExitStack,
         headers: dict[str, str],
         progress: _Progress,
-        session: str | None,
     ) -> Response | None:
         """Wait for the first chunk (fallback still possible), then commit to relaying."""
         engine = self.engine
@@ -300,26 +313,17 @@ class Pipeline:
         try:
             first = await anext(chunks, b"")
         except UpstreamFailure as failure:
-            upstream.close()
-            await stack.aclose()
-            self._failed(attempt, failure.outcome, progress, headers, session)
+            self._failed(scope, failure.outcome, progress, headers)
             return None
-        except BaseException:
-            upstream.close()
-            await stack.aclose()
-            engine.record(attempt, Outcome.disconnect())
-            raise
         if not first:
-            upstream.close()
-            await stack.aclose()
             outcome = Outcome.network("upstream ended the stream before any data")
-            self._failed(attempt, outcome, progress, headers, session)
+            self._failed(scope, outcome, progress, headers)
             return None
 
         watch = engine.settings.watchdog()
         watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
 
-        async def relay() -> AsyncIterator[bytes]:
+        async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
             parser = _SSEParser() if watchdog is not None else None
             try:
@@ -344,30 +348,27 @@ class Pipeline:
                     f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
                 )
             finally:
-                upstream.close()
-                await stack.aclose()
-                engine.record(attempt, outcome or Outcome.disconnect(), session=session)
-                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+                # Synchronous on purpose: this also runs on GeneratorExit from aclose().
+                scope.finish(outcome or Outcome.disconnect())
 
-        return StreamingResponse(
-            relay(), status_code=upstream.status, media_type="text/event-stream", headers=headers
+        return _RelayResponse(
+            relay(), scope, status_code=upstream.status, media_type="text/event-stream", headers=headers
         )
 
     # ------------------------------------------------------------------ answers
 
     def _failed(
         self,
-        attempt: Attempt,
+        scope: _AttemptScope,
         outcome: Outcome,
         progress: _Progress,
         headers: dict[str, str],
-        session: str | None,
     ) -> None:
         """Record an attempt that broke before any byte reached the client; its 502 is the answer
         if nothing else is left to try."""
-        self.engine.record(attempt, outcome, session=session)
+        scope.finish(outcome)
         progress.last_error = error_response(
-            502, f"{attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
+            502, f"{scope.attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
         )
 
     def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
@@ -431,6 +432,104 @@ class Pipeline:
         return error_response(
             503, f"no target can serve this request: {why}", "all_targets_unavailable", skipped=skipped
         )
+
+
+class _AttemptScope:
+    """The one owner of an attempt: it records exactly one outcome and gives back every place the
+    attempt took (queue place or limiter slot, concurrency slot, upstream response), on every path.
+
+    `finish(outcome)` records the first outcome it is given and releases everything; later calls
+    change nothing. `close()` is `finish(disconnect)` for a path that ended without an outcome of
+    its own (a cancellation, a relay that never ran): a disconnect counts against no layer. Both
+    are synchronous, so they can run in a `finally` that must not await (a generator being closed,
+    a cancelled task).
+    """
+
+    __slots__ = (
+        "_engine",
+        "_finished",
+        "attempt",
+        "handed_off",
+        "outcome",
+        "semaphore",
+        "session",
+        "ticket",
+        "upstream",
+    )
+
+    def __init__(self, engine: Engine, attempt: Attempt, session: str | None) -> None:
+        self._engine = engine
+        self.attempt = attempt
+        self.session = session
+        self.ticket: Ticket | None = None
+        self.semaphore: ConnectionSemaphore | None = None
+        self.upstream: UpstreamResponse | None = None
+        self.outcome: Outcome | None = None
+        self.handed_off = False
+        """A relay response owns the scope now: it closes it when the response ends."""
+        self._finished: Recorded | None = None
+
+    def finish(self, outcome: Outcome) -> Recorded:
+        if self._finished is not None:
+            return self._finished
+        self.outcome = outcome
+        try:
+            self._finished = self._engine.record(self.attempt, outcome, session=self.session)
+        finally:
+            self._release()
+        return self._finished
+
+    def close(self) -> None:
+        if self.outcome is None:
+            self.finish(Outcome.disconnect())
+
+    def _release(self) -> None:
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.close()  # a no-op for a response already read and released
+        semaphore, self.semaphore = self.semaphore, None
+        if semaphore is not None:
+            semaphore.release()
+        ticket, self.ticket = self.ticket, None
+        if ticket is not None:
+            ticket.release()
+
+
+class _RelayResponse(StreamingResponse):
+    """A relayed stream whose attempt ends when the response does, whether its body ran or not.
+
+    The relay generator records the stream's outcome in its `finally`, but a generator's `finally`
+    runs only if it started and is then run to its end or closed: a response whose start fails
+    (the client has gone) is never iterated, and one stopped at a `yield` would be closed only by
+    the garbage collector. So the response closes the relay itself, and then the scope, whatever
+    happened. Starlette calls the response right after the endpoint returns it, with no await in
+    between, and `__call__` enters its `try` before its first await: no path skips the `finally`.
+    """
+
+    def __init__(
+        self,
+        relay: AsyncGenerator[bytes, None],
+        scope: _AttemptScope,
+        *,
+        status_code: int,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(relay, status_code=status_code, media_type=media_type, headers=headers)
+        self._relay = relay
+        self._scope = scope
+        scope.handed_off = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._relay.aclose()  # no await inside the relay's finally: this never suspends
+            attempt = self._scope
+            attempt.close()
+            engine = attempt._engine
+            outcome = attempt.outcome
+            engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
 
 
 async def _read_body(request: Request) -> bytes:

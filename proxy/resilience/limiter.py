@@ -116,30 +116,28 @@ class RequestLimiter:
             self._recent = deque(self._recent, maxlen=settings.requests_per_minute)  # keeps the newest
         self._poke()  # a raised concurrency limit may free the head at once
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[Dispatch]:
-        """Wait (FIFO) for a concurrency slot and the rate rules; hold the slot until the block exits.
+    def admit(self) -> Ticket:
+        """Join the queue: the request counts as queued until its ticket is dispatched or released.
 
         Raises QueueFull at once, before waiting, when `max_queue_depth > 0` and that many
-        requests are already queued.
+        requests are already queued. Admission and dispatch are two steps so that a request can
+        wait for something else in between (its connection's concurrency slot) while it holds its
+        place: time queued never counts against the execution deadline, which starts at dispatch.
         """
         if not check_queue_admission(self._queued, self._settings.max_queue_depth):
             raise QueueFull(f"request queue full ({self._queued} queued)")
         self._queued += 1
+        return Ticket(self)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[Dispatch]:
+        """`admit()`, then wait (FIFO) for a concurrency slot and the rate rules; hold the slot
+        until the block exits."""
+        ticket = self.admit()
         try:
-            async with self._gate:
-                await self._wait_for_turn()
-                # No await from here to `yield`: the dispatch and the slot are taken atomically.
-                now = self._clock.now()
-                self._record_dispatch(now)
-                self._running += 1
+            yield await ticket.dispatch()
         finally:
-            self._queued -= 1
-        try:
-            yield Dispatch(dispatched_at=now, deadline=now + self._settings.max_wait_ms)
-        finally:
-            self._running -= 1
-            self._poke()
+            ticket.release()
 
     async def within_deadline(self, dispatch: Dispatch, awaitable: Awaitable[T]) -> T:
         """Await the upstream call up to its response headers; past the deadline raise ExecutionTimeout."""
@@ -197,6 +195,51 @@ class RequestLimiter:
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
+
+
+class Ticket:
+    """One request's place in a limiter: queued, then running, then released (exactly once)."""
+
+    __slots__ = ("_limiter", "_state")
+
+    def __init__(self, limiter: RequestLimiter) -> None:
+        self._limiter = limiter
+        self._state = _QUEUED
+
+    async def dispatch(self) -> Dispatch:
+        """Wait (FIFO) for a concurrency slot and the rate rules, then take the slot: the execution
+        deadline starts now. A wait that ends in an exception (a cancellation) releases the ticket."""
+        if self._state is not _QUEUED:
+            raise RuntimeError("a ticket is dispatched once")
+        limiter = self._limiter
+        try:
+            async with limiter._gate:
+                await limiter._wait_for_turn()
+                # No await from here on: the dispatch and the slot are taken atomically.
+                now = limiter._clock.now()
+                limiter._record_dispatch(now)
+                limiter._queued -= 1
+                limiter._running += 1
+                self._state = _RUNNING
+        finally:
+            if self._state is _QUEUED:
+                self.release()
+        return Dispatch(dispatched_at=now, deadline=now + limiter._settings.max_wait_ms)
+
+    def release(self) -> None:
+        """Leave the queue, or give the concurrency slot back; a no-op the second time."""
+        limiter = self._limiter
+        if self._state is _QUEUED:
+            limiter._queued -= 1
+        elif self._state is _RUNNING:
+            limiter._running -= 1
+            limiter._poke()
+        self._state = _RELEASED
+
+
+_QUEUED = "queued"
+_RUNNING = "running"
+_RELEASED = "released"
 
 
 def _discard(awaitable: Awaitable[object]) -> None:

@@ -10,11 +10,20 @@ clock is the real one and the fake upstream's own delay is the only wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
+from proxy.app import create_app
+from proxy.config import load_config
 from proxy.resilience.clock import FakeClock
+from proxy.runtime import Runtime
 from tests.fakes import Reply
 from tests.integration import test_proxy as harness
 from tests.integration.test_proxy import (
@@ -26,6 +35,7 @@ from tests.integration.test_proxy import (
     error_reply,
     provider,
     until,
+    wait_until,
 )
 
 # The harness's fixtures, under the names the tests ask for.
@@ -157,3 +167,111 @@ def test_a_fail_open_shows_in_the_events_with_the_engine_clock(
     assert [(e["layer"], e["key"], e["from"]) for e in opened] == [("connection", "loc-1", "saturated")]
     assert opened[0]["ts"] == clock.now()  # stamped by the engine's clock, not the wall clock
     proxy.settled()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 9: one owner per attempt; every slot comes back on every path
+
+
+def test_a_client_gone_before_the_first_chunk_leaves_no_slot_behind(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    proxy = launch(one_slot("key", "apikey", up.url, "key-1"))
+    up.fake.default(Reply("stream_pings", delay_ms=300))  # the first byte comes after 300 ms
+    body = json.dumps(chat("key/m1", stream=True)).encode()
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_until(lambda: len(up.calls()) == 1, what="the stream to reach the upstream")
+    # The client has gone before the proxy could relay anything: the relay's generator never runs,
+    # and the attempt must still end, record its outcome, and hand back its slots.
+    proxy.settled()
+    conn = proxy.rt.engine.connections["key-1"]
+    assert conn.semaphore is not None and conn.semaphore.in_use == 0
+    wait_until(lambda: up.fake.in_flight == 0, what="the proxy to drop the upstream stream")
+    assert proxy.connection("key-1")["status"] == "active"  # a disconnect counts against nothing
+
+
+def _stream_scope(body: bytes, spec_version: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": spec_version},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": CHAT_PATH,
+        "raw_path": CHAT_PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec_version", "fails_at"),
+    [
+        # ASGI 2.4: `send` raises OSError once the client is gone. Gone before the response starts:
+        # Starlette never iterates the relay, so the relay's own `finally` never runs.
+        ("2.4", "http.response.start"),
+        # ...or gone after the first chunk: the relay stops at its `yield`, and only the garbage
+        # collector would ever close it.
+        ("2.4", "http.response.body"),
+    ],
+)
+async def test_a_relay_that_never_runs_to_its_end_still_settles_its_attempt(
+    tmp_path: Path, upstreams: Callable[..., Upstream], spec_version: str, fails_at: str
+) -> None:
+    # In-process ASGI, not a socket: the moments a real server would have to hit by luck are
+    # played exactly. The upstream is a real fake server.
+    up = upstreams()
+    up.fake.default(Reply("stream", chunks=3))
+    path = tmp_path / "config.toml"
+    path.write_text(one_slot("key", "apikey", up.url, "key-1"))
+    path.chmod(0o600)
+    runtime = Runtime.open(load_config(path, {}, explicit=True), None, clock=FakeClock(), env={})
+    runtime.settings.patch({"requestQueue": {"minTimeBetweenRequestsMs": 0}}, "resilience")
+    app = create_app(runtime, manage_lifecycle=False)
+    body = json.dumps(chat("key/m1", stream=True)).encode()
+    incoming: list[dict[str, Any]] = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[str] = []
+
+    async def receive() -> dict[str, Any]:
+        assert incoming, "only the body is read (ASGI 2.4 watches no disconnect)"
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message["type"])
+        if message["type"] == fails_at:
+            raise OSError("the client has gone")
+
+    try:
+        with contextlib.suppress(OSError):
+            await app(_stream_scope(body, spec_version), receive, send)
+        # No await since the app returned: nothing was left for a later loop turn to clean up.
+        engine = runtime.engine
+        conn = engine.connections["key-1"]
+        assert conn.semaphore is not None
+        limiter = conn.limiter
+        assert limiter is not None
+        assert (conn.in_flight, conn.semaphore.in_use, limiter.running, engine.stats.in_flight) == (
+            0,
+            0,
+            0,
+            0,
+        )
+        assert engine.stats.failed == 1  # ended as a disconnect: counted once, as not served
+        assert conn.health.status(engine.clock.now()) == "active"
+    finally:
+        await runtime.upstream.close()
+        runtime.store.close()

@@ -349,3 +349,38 @@ async def test_the_pacing_wait_is_engine_time() -> None:
 async def _dispatch_time(limiter: RequestLimiter) -> float:
     async with limiter.slot() as dispatch:
         return dispatch.dispatched_at
+
+
+async def test_a_ticket_is_queued_then_running_then_released_once() -> None:
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(min_time_between_requests_ms=0, max_queue_depth=2), clock)
+    first, second = limiter.admit(), limiter.admit()
+    assert (limiter.queued, limiter.running) == (2, 0)
+    with pytest.raises(QueueFull):
+        limiter.admit()  # a place held before dispatch counts against the depth
+    dispatch = await first.dispatch()
+    assert dispatch == Dispatch(dispatched_at=T0, deadline=T0 + 15_000)
+    assert (limiter.queued, limiter.running) == (1, 1)
+    second.release()  # leaves the queue without ever being dispatched
+    first.release()
+    first.release()
+    second.release()
+    assert (limiter.queued, limiter.running) == (0, 0)
+
+
+async def test_a_ticket_cancelled_while_waiting_for_its_turn_leaves_the_queue() -> None:
+    limiter = RequestLimiter(
+        QueueSettings(min_time_between_requests_ms=0, concurrent_requests=1), FakeClock()
+    )
+    holder = limiter.admit()
+    await holder.dispatch()
+    waiter = limiter.admit()
+    waiting = asyncio.create_task(waiter.dispatch())
+    await _spin()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert (limiter.queued, limiter.running) == (0, 1)
+    waiter.release()  # still safe: the ticket was already released
+    holder.release()
+    assert (limiter.queued, limiter.running) == (0, 0)
