@@ -275,14 +275,18 @@ class Pipeline:
         api_key: str | None,
         extra: Mapping[str, str],
     ) -> UpstreamResponse:
-        """Take the attempt's local places (the scope owns each as soon as it is taken), then send
-        it and wait for the response headers."""
+        """Take the attempt's local places in order, then send it and wait for the response headers.
+
+        The queue place comes first (QueueFull is answered at once, before any waiting), then the
+        connection's concurrency slot (fail-open), then the dispatch: the execution deadline
+        (requestQueue.maxWaitMs) runs from there to the response headers, so no local wait eats
+        into the time the upstream is given.
+        """
         engine = self.engine
         attempt = scope.attempt
         limiter = engine.limiter_for(attempt.connection, attempt.provider)
         ticket = limiter.admit() if limiter is not None else None
         scope.ticket = ticket
-        dispatch = await ticket.dispatch() if ticket is not None else None
         sem = attempt.connection.semaphore
         if sem is not None:
             quota = engine.settings.quota_share()
@@ -290,6 +294,7 @@ class Pipeline:
                 queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
             ):
                 scope.semaphore = sem  # no await since the slot was granted: the scope owns it
+        dispatch = await ticket.dispatch() if ticket is not None else None
         send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
         if limiter is not None and dispatch is not None:
             upstream = await limiter.within_deadline(dispatch, send)

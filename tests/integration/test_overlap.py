@@ -170,6 +170,31 @@ def test_a_fail_open_shows_in_the_events_with_the_engine_clock(
 
 
 # ---------------------------------------------------------------------------------------------
+# Item 1: waiting for a concurrency slot does not eat the execution deadline
+
+
+def test_waiting_for_a_slot_does_not_count_against_the_execution_deadline(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    # The real clock: the rule is about how long the upstream really takes. Each answer takes 0.4 s
+    # and the deadline is 0.7 s, so the third request (0.8 s behind the first in the slot queue)
+    # must still be on time: its deadline starts when it is dispatched, after its slot wait.
+    proxy = launch(one_slot("key", "apikey", up.url, "key-1"), settings={"requestQueue": {"maxWaitMs": 700}})
+    up.fake.default(Reply("slow_headers", delay_ms=400))
+
+    async def scenario() -> list[int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            sent = [asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1"))) for _ in range(3)]
+            return [r.status_code for r in await asyncio.gather(*sent)]
+
+    assert asyncio.run(scenario()) == [200, 200, 200]
+    assert up.fake.max_in_flight == 1  # the slot held: one at a time
+    assert len(up.calls()) == 3
+    proxy.settled()
+
+
+# ---------------------------------------------------------------------------------------------
 # Item 9: one owner per attempt; every slot comes back on every path
 
 
