@@ -114,6 +114,8 @@ class Attempt:
     probe: bool
     started_at: float
     pinned_by_session: bool = False
+    probe_ticket: int = 0
+    """The breaker's ticket for this probe (0 when not a probe): only this attempt settles the slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +435,9 @@ class Engine:
                 continue
             best.in_flight += 1
             best.last_used = now
-            return Attempt(target, provider, best, admission is Admission.PROBE, now, best is pinned)
+            if admission is Admission.PROBE:
+                return Attempt(target, provider, best, True, now, best is pinned, breaker.probe_ticket)
+            return Attempt(target, provider, best, False, now, best is pinned)
         return NoTarget(tuple(self._explain(targets, tried_set or set(), now)))
 
     def _explain(self, targets: Sequence[Target], tried: set[str], now: float) -> Iterable[Skip]:
@@ -518,11 +522,11 @@ class Engine:
 
         breaker = provider.breaker
         if verdict.breaker is BreakerEffect.SUCCESS:
-            breaker.record_success(now, probe=attempt.probe)
+            breaker.record_success(now, probe=attempt.probe_ticket)
         elif verdict.breaker is BreakerEffect.FAILURE:
-            breaker.record_failure(now, probe=attempt.probe)
+            breaker.record_failure(now, probe=attempt.probe_ticket)
         elif attempt.probe:
-            breaker.release_probe(now)
+            breaker.release_probe(now, attempt.probe_ticket)
         if verdict.breaker is not BreakerEffect.NONE or attempt.probe:
             self._dirty_breakers.add(pid)
 
@@ -586,6 +590,19 @@ class Engine:
                 self._dirty_pins.add(session)
 
         return Recorded(verdict, outcome.status, client_retry)
+
+    def probe_waiting(self, attempt: Attempt) -> None:
+        """The attempt is about to wait in our own queues. A probe's lease stops running meanwhile:
+        its owner is alive and settles it on every path, and time it spends queued behind other
+        requests must not let a second probe in."""
+        if attempt.probe:
+            attempt.provider.breaker.hold_probe(attempt.probe_ticket)
+
+    def probe_alive(self, attempt: Attempt) -> None:
+        """A sign of progress (dispatched, response headers, a chunk relayed): a probe's lease
+        starts over, so a probe that streams for longer than the lease keeps its slot."""
+        if attempt.probe:
+            attempt.provider.breaker.renew_probe(self.clock.now(), attempt.probe_ticket)
 
     # ------------------------------------------------------------------ operator actions
 

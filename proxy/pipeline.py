@@ -287,6 +287,7 @@ class Pipeline:
         limiter = engine.limiter_for(attempt.connection, attempt.provider)
         ticket = limiter.admit() if limiter is not None else None
         scope.ticket = ticket
+        engine.probe_waiting(attempt)
         sem = attempt.connection.semaphore
         if sem is not None:
             quota = engine.settings.quota_share()
@@ -295,12 +296,14 @@ class Pipeline:
             ):
                 scope.semaphore = sem  # no await since the slot was granted: the scope owns it
         dispatch = await ticket.dispatch() if ticket is not None else None
+        engine.probe_alive(attempt)
         send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
         if limiter is not None and dispatch is not None:
             upstream = await limiter.within_deadline(dispatch, send)
         else:
             upstream = await send
         scope.upstream = upstream
+        engine.probe_alive(attempt)
         return upstream
 
     # ------------------------------------------------------------------ streams
@@ -328,6 +331,9 @@ class Pipeline:
         watch = engine.settings.watchdog()
         watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
 
+        attempt = scope.attempt
+        probe = attempt.probe
+
         async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
             parser = _SSEParser() if watchdog is not None else None
@@ -336,6 +342,8 @@ class Pipeline:
                 if parser is not None and watchdog is not None:
                     _observe(parser, watchdog, first, engine.clock.now())
                 async for chunk in chunks:
+                    if probe:
+                        engine.probe_alive(attempt)
                     if parser is not None and watchdog is not None:
                         now = engine.clock.now()
                         _observe(parser, watchdog, chunk, now)

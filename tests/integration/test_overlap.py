@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,102 @@ def test_waiting_for_a_slot_does_not_count_against_the_execution_deadline(
     assert up.fake.max_in_flight == 1  # the slot held: one at a time
     assert len(up.calls()) == 3
     proxy.settled()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 8: exactly one probe at a time, and only its own outcome settles it
+
+
+def test_a_probe_that_streams_longer_than_its_lease_keeps_the_slot(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(
+        provider("loc", "local", up.url, "loc-1"),
+        settings={"connectionCooldown": {"local": {"baseCooldownMs": 0}}},  # the breaker alone decides
+        clock=clock,
+    )
+    up.fake.default(Reply("error", status=503))
+    for _ in range(2):  # local: OPEN at 2 failures, for 15 s
+        assert proxy.chat("loc/m1").status_code == 503
+    clock.advance(15_000)
+    assert proxy.breaker("loc")["state"] == "HALF_OPEN"
+    up.fake.default(Reply("stream", chunks=8, delay_ms=100))
+
+    async def scenario() -> tuple[int, str, int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            probe = client.stream("POST", CHAT_PATH, json=chat("loc/m1", stream=True))
+            async with probe as response:
+                lines = aiter_data_lines(response)
+                # Each relayed chunk is a sign of life: 100 s of engine time between chunks keeps
+                # the lease (120 s, the first-byte timeout), however long the whole stream runs.
+                for _ in range(3):
+                    await anext(lines)
+                    clock.advance(100_000)
+                await anext(lines)
+                second = await client.post(CHAT_PATH, json=chat("loc/m1"))
+                rest = [line async for line in lines]
+            return second.status_code, rest[-1], len(up.calls())
+
+    rejected, last, calls = asyncio.run(scenario())
+    assert rejected == 503  # the probe is still in flight: no second probe
+    assert last == "data: [DONE]"
+    assert calls == 3  # two 503s and the probe: the second request never reached the upstream
+    assert proxy.breaker("loc")["state"] == "CLOSED"  # the probe's own success settled it
+    proxy.settled()
+
+
+def test_a_probe_queued_behind_other_requests_keeps_the_slot(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    clock = FakeClock()
+    # Engine time must not pass the slow request's execution deadline (15 s): a 1 s reset timeout
+    # and a 5 s probe lease (the first-byte timeout) keep every step well inside it.
+    proxy = launch(
+        "[server]\nfirst_byte_timeout_ms = 5000\n\n" + provider("key", "apikey", up.url, "key-1"),
+        settings={
+            "connectionCooldown": {"apikey": {"baseCooldownMs": 0}},
+            "providerBreaker": {
+                "apikey": {"degradationThreshold": 1, "failureThreshold": 2, "resetTimeoutMs": 1000}
+            },
+            "requestQueue": {"concurrentRequests": 2},
+        },
+        clock=clock,
+    )
+    up.fake.by_model("slow", Reply("slow_headers", delay_ms=1500))
+    up.fake.by_model("bad", Reply("error", status=503))
+
+    async def scenario() -> list[int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            slow = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/slow")))
+            await until(lambda: len(up.calls()) == 1, what="the slow request to hold a queue slot")
+            for _ in range(2):
+                assert (await client.post(CHAT_PATH, json=chat("key/bad"))).status_code == 503
+            assert proxy.breaker("key")["state"] == "OPEN"
+            patched = await client.patch("/api/resilience", json={"requestQueue": {"concurrentRequests": 1}})
+            assert patched.status_code == 200
+            clock.advance(1_000)  # HALF_OPEN; the probe will queue behind the slow request
+            limiter = proxy.rt.engine.connections["key-1"].limiter
+            assert limiter is not None
+            probe = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1")))
+            await until(lambda: limiter.queued == 1, what="the probe to queue")
+            clock.advance(6_000)  # longer than the probe's lease: time queued must not count
+            second = await client.post(CHAT_PATH, json=chat("key/m1"))
+            assert not slow.done()
+            return [second.status_code, (await probe).status_code, (await slow).status_code]
+
+    assert asyncio.run(scenario()) == [503, 200, 200]
+    assert len(up.calls()) == 4  # slow, two 503s, the probe: never a second probe
+    assert proxy.breaker("key")["state"] == "CLOSED"
+    proxy.settled()
+
+
+async def aiter_data_lines(response: httpx.Response) -> AsyncIterator[str]:
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            yield line
 
 
 # ---------------------------------------------------------------------------------------------
