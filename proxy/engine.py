@@ -282,6 +282,10 @@ class Engine:
     # ------------------------------------------------------------------ events and persistence
 
     def _emit(self, event: Event) -> None:
+        if event.layer == "breaker":
+            # A breaker also moves on a read (lazy recovery, OPEN -> HALF_OPEN), where no outcome
+            # marks it dirty: every transition is persisted, or a restart would replay it later.
+            self._dirty_breakers.add(event.key)
         self.bus.publish(event)
 
     def _lockout_dropped(self, key: tuple[str, str, str]) -> None:
