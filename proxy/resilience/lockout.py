@@ -289,14 +289,15 @@ class LockoutTable:
         A `not_found` lock may evict another `not_found` entry (see the module docstring).
         Returns None only when the table is full of active entries that are not `not_found`.
 
-        `started_at` is when the failed request was sent; None means "in flight since before any
-        lock", which is what routing guarantees while a triple is locked (it sends nothing to it)."""
+        `started_at` is when the failed request was sent (the engine always says); a failure of a
+        request sent no later than the lock it finds is a herd failure. None: not known, it counts."""
         key = (provider, connection_id, model)
         entry = self._entries.get(key)
         if (
-            entry is not None
+            started_at is not None
+            and entry is not None
             and now < entry.expires_at
-            and (started_at is None or started_at <= entry.locked_at)
+            and started_at <= entry.locked_at
         ):
             # Anti-thundering-herd (§3 rule 1, as for cooldowns): the requests that were in flight
             # when the triple locked fail too; they say nothing new about the model, so they

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from proxy.resilience.clock import FakeClock
@@ -43,20 +41,9 @@ def fail(
     status: int | None = 404,
     reason: str = "not_found",
     hint_ms: float | None = None,
-    started_at: float = math.inf,
 ) -> LockoutEntry | None:
-    """By default the failure of a request sent after any lock (it counts); pass `started_at` for
-    one that was in flight when the triple locked."""
     return table.record_failure(
-        provider,
-        connection,
-        model,
-        now,
-        settings,
-        status=status,
-        reason=reason,
-        hint_ms=hint_ms,
-        started_at=started_at,
+        provider, connection, model, now, settings, status=status, reason=reason, hint_ms=hint_ms
     )
 
 
