@@ -459,9 +459,9 @@ class _AttemptScope:
     """
 
     __slots__ = (
-        "_engine",
         "_finished",
         "attempt",
+        "engine",
         "handed_off",
         "outcome",
         "semaphore",
@@ -471,7 +471,7 @@ class _AttemptScope:
     )
 
     def __init__(self, engine: Engine, attempt: Attempt, session: str | None) -> None:
-        self._engine = engine
+        self.engine = engine
         self.attempt = attempt
         self.session = session
         self.ticket: Ticket | None = None
@@ -487,7 +487,7 @@ class _AttemptScope:
             return self._finished
         self.outcome = outcome
         try:
-            self._finished = self._engine.record(self.attempt, outcome, session=self.session)
+            self._finished = self.engine.record(self.attempt, outcome, session=self.session)
         finally:
             self._release()
         return self._finished
@@ -537,12 +537,14 @@ class _RelayResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._relay.aclose()  # no await inside the relay's finally: this never suspends
-            attempt = self._scope
-            attempt.close()
-            engine = attempt._engine
-            outcome = attempt.outcome
-            engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+            try:
+                await self._relay.aclose()  # no await inside the relay's finally: this never suspends
+            finally:
+                attempt = self._scope
+                attempt.close()
+                engine = attempt.engine
+                outcome = attempt.outcome
+                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
 
 
 async def _read_body(request: Request) -> bytes:
