@@ -82,14 +82,14 @@ class ConnectionRuntime:
 
     __slots__ = ("health", "id", "in_flight", "last_used", "limiter", "priority", "semaphore", "spec")
 
-    def __init__(self, spec: ConnectionSpec, health: ConnectionHealth) -> None:
+    def __init__(
+        self, spec: ConnectionSpec, health: ConnectionHealth, semaphore: ConnectionSemaphore | None = None
+    ) -> None:
         self.spec = spec
         self.id = spec.id
         self.priority = spec.priority
         self.health = health
-        self.semaphore: ConnectionSemaphore | None = (
-            ConnectionSemaphore(spec.max_concurrent) if spec.max_concurrent else None
-        )
+        self.semaphore = semaphore
         self.limiter: RequestLimiter | None = None
         self.in_flight = 0
         self.last_used = 0.0
@@ -115,6 +115,8 @@ class Attempt:
     probe: bool
     started_at: float
     pinned_by_session: bool = False
+    probe_ticket: int = 0
+    """The breaker's ticket for this probe (0 when not a probe): only this attempt settles the slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +266,14 @@ class Engine:
             if c.provider not in self.providers:
                 raise ValueError(f"connection {c.id!r} names unknown provider {c.provider!r}")
             health = ConnectionHealth(c.id, c.provider, enabled=c.enabled, emit=self._emit)
-            runtime = ConnectionRuntime(c, health)
+            # The semaphore speaks on the engine's bus and reads the engine's clock like every
+            # other layer, so its fail-open events reach the Events tab and /api/events.
+            semaphore = (
+                ConnectionSemaphore(c.max_concurrent, key=c.id, clock=self.clock, emit=self._emit)
+                if c.max_concurrent
+                else None
+            )
+            runtime = ConnectionRuntime(c, health, semaphore)
             self.connections[c.id] = runtime
             self.providers[c.provider].connections.append(runtime)
         for provider in self.providers.values():
@@ -274,6 +283,10 @@ class Engine:
     # ------------------------------------------------------------------ events and persistence
 
     def _emit(self, event: Event) -> None:
+        if event.layer == "breaker":
+            # A breaker also moves on a read (lazy recovery, OPEN -> HALF_OPEN), where no outcome
+            # marks it dirty: every transition is persisted, or a restart would replay it later.
+            self._dirty_breakers.add(event.key)
         self.bus.publish(event)
 
     def _lockout_dropped(self, key: tuple[str, str, str]) -> None:
@@ -435,7 +448,9 @@ class Engine:
                 continue
             best.in_flight += 1
             best.last_used = now
-            return Attempt(target, provider, best, admission is Admission.PROBE, now, best is pinned)
+            if admission is Admission.PROBE:
+                return Attempt(target, provider, best, True, now, best is pinned, breaker.probe_ticket)
+            return Attempt(target, provider, best, False, now, best is pinned)
         return NoTarget(tuple(self._explain(targets, tried_set or set(), now)))
 
     def _explain(self, targets: Sequence[Target], tried: set[str], now: float) -> Iterable[Skip]:
@@ -542,18 +557,20 @@ class Engine:
 
         breaker = provider.breaker
         if verdict.breaker is BreakerEffect.SUCCESS:
-            breaker.record_success(now, probe=attempt.probe)
+            breaker.record_success(now, probe=attempt.probe_ticket)
         elif verdict.breaker is BreakerEffect.FAILURE:
-            breaker.record_failure(now, probe=attempt.probe)
+            breaker.record_failure(now, probe=attempt.probe_ticket)
         elif attempt.probe:
-            breaker.release_probe(now)
+            breaker.release_probe(now, attempt.probe_ticket)
         if verdict.breaker is not BreakerEffect.NONE or attempt.probe:
             self._dirty_breakers.add(pid)
 
         health = conn.health
         effect = verdict.connection
         if effect is ConnectionEffect.CLEAR:
-            if health.last_error is not None or health.backoff_level or health.rate_limited_until is not None:
+            if health.terminal is None and (
+                health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
+            ):
                 health.record_success(now)
                 self._dirty_connections.add(cid)
         elif effect is not ConnectionEffect.NONE:
@@ -597,6 +614,7 @@ class Engine:
                 status=outcome.status,
                 reason=verdict.reason,
                 hint_ms=hint,
+                started_at=attempt.started_at,
             )
             self._dirty_lockouts.add((pid, cid, model))
 
@@ -614,6 +632,19 @@ class Engine:
                 self._dirty_pins.add(session)
 
         return Recorded(verdict, outcome.status, client_retry)
+
+    def probe_waiting(self, attempt: Attempt) -> None:
+        """The attempt is about to wait in our own queues. A probe's lease stops running meanwhile:
+        its owner is alive and settles it on every path, and time it spends queued behind other
+        requests must not let a second probe in."""
+        if attempt.probe:
+            attempt.provider.breaker.hold_probe(attempt.probe_ticket)
+
+    def probe_alive(self, attempt: Attempt) -> None:
+        """A sign of progress (dispatched, response headers, a chunk relayed): a probe's lease
+        starts over, so a probe that streams for longer than the lease keeps its slot."""
+        if attempt.probe:
+            attempt.provider.breaker.renew_probe(self.clock.now(), attempt.probe_ticket)
 
     # ------------------------------------------------------------------ operator actions
 

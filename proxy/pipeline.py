@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.config import Config
-from proxy.engine import Attempt, Engine, NoTarget, Target
+from proxy.engine import Attempt, Engine, NoTarget, Recorded, Target
+from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
+from proxy.resilience.limiter import Ticket
 from proxy.resilience.outcome import Outcome, OutcomeKind
+from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
@@ -57,6 +60,8 @@ class Pipeline:
         self.engine = engine
         self.router = router
         self.upstream = upstream
+        self.waiting = 0
+        """Requests waiting out a cooldown right now (cooldown-aware retry)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -139,19 +144,34 @@ class Pipeline:
         wake = decision.earliest_waitable
         if wake is None:
             return None
-        delay_ms = max(0.0, wake - self.engine.clock.now()) + WAIT_SLACK_MS
+        now = self.engine.clock.now()
+        delay_ms = max(0.0, wake - now) + WAIT_SLACK_MS
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
             return None
         progress.waits += 1
         progress.waited_ms += delay_ms
-        remaining = delay_ms / 1000
-        while remaining > 0:
-            step = min(remaining, DISCONNECT_POLL_S)
-            await asyncio.sleep(step)
-            remaining -= step
-            if await request.is_disconnected():
-                return False
-        return True
+        self.waiting += 1
+        try:
+            return await self._wait_until(request, now + delay_ms)
+        finally:
+            self.waiting -= 1
+
+    async def _wait_until(self, request: Request, when: float) -> bool:
+        """Wait until the engine's clock reads `when` (True), or until the client leaves (False).
+
+        The clock decides when the wait ends, like every other engine duration, so the wait is as
+        long in engine time as the cooldown it waits out (and a FakeClock test ends it by advancing).
+        """
+        timer = asyncio.ensure_future(sleep_until(self.engine.clock, when))
+        try:
+            while True:
+                done, _ = await asyncio.wait((timer,), timeout=DISCONNECT_POLL_S)
+                if done:
+                    return True
+                if await request.is_disconnected():
+                    return False
+        finally:
+            timer.cancel()
 
     async def _attempt(
         self,
@@ -163,7 +183,12 @@ class Pipeline:
         targets: list[Target],
         session: str | None,
     ) -> Response | None:
-        """Run one attempt. A Response ends the request; None means: fall back to the next candidate."""
+        """Run one attempt. A Response ends the request; None means: fall back to the next candidate.
+
+        The attempt's `_AttemptScope` owns everything it takes (queue place, concurrency slot,
+        upstream response) and records its one outcome; whatever path leaves here without a
+        relay taking the scope over closes it, which records a disconnect if nothing else was.
+        """
         engine = self.engine
         conn = attempt.connection
         provider = attempt.provider
@@ -177,114 +202,127 @@ class Pipeline:
         api_key = conn_config.api_key if conn_config else None
         extra = self.config.providers[provider.spec.id].headers
 
-        stack = AsyncExitStack()
+        scope = _AttemptScope(engine, attempt, session)
         try:
-            limiter = engine.limiter_for(conn, provider)
-            dispatch = (
-                await stack.enter_async_context(limiter.slot(lambda: engine.still_eligible(attempt)))
-                if limiter is not None
-                else None
-            )
-            sem = conn.semaphore
-            if sem is not None:
-                quota = engine.settings.quota_share()
-                if quota.enabled:
-                    await stack.enter_async_context(
-                        sem.slot(queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms)
-                    )
-            send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
-            if limiter is not None and dispatch is not None:
-                upstream = await limiter.within_deadline(dispatch, send)
-            else:
-                upstream = await send
-        except QueueFull:
-            await stack.aclose()
-            engine.record(attempt, Outcome.local("request queue full"))
-            return error_response(
-                429,
-                f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
-                "RATE_LIMIT_QUEUE_FULL",
-                headers=headers,
-            )
-        except Withdrawn:
-            # The connection stopped being usable while the request waited in its queue: this
-            # attempt never happened, and the request moves on like any other that finds it so.
-            await stack.aclose()
-            engine.record(attempt, Outcome.local("withdrawn from the request queue"))
-            return None
-        except ExecutionTimeout:
-            await stack.aclose()
-            engine.record(attempt, Outcome.local("execution deadline passed"))
-            return error_response(
-                504,
-                f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
-                "RATE_LIMIT_EXECUTION_TIMEOUT",
-                headers=headers,
-            )
-        except UpstreamFailure as failure:
-            await stack.aclose()
-            self._failed(attempt, failure.outcome, progress, headers, session)
-            return None
-        except BaseException:
-            await stack.aclose()
-            engine.record(attempt, Outcome.disconnect())
-            raise
-
-        if upstream.status >= 400:
-            text = await upstream.read_error_text()
-            await stack.aclose()
-            recorded = engine.record(
-                attempt, Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text), session=session
-            )
-            status = recorded.status or upstream.status
-            if recorded.client_retry_after_ms is not None:
-                progress.client_retry_ms = recorded.client_retry_after_ms
-            passthrough_headers = dict(headers)
-            for name in ("retry-after", "retry-after-ms"):
-                if name in upstream.headers:
-                    passthrough_headers[name] = upstream.headers[name]
-            if recorded.client_retry_after_ms is not None:
-                passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
-            reply = Response(
-                text.encode(),
-                status_code=status,
-                media_type=upstream.content_type,
-                headers=passthrough_headers,
-            )
-            if recorded.verdict.fallback:
-                progress.last_error = reply
+            try:
+                upstream = await self._dispatch(scope, url, data, api_key, extra)
+            except QueueFull:
+                scope.finish(Outcome.local("request queue full"))
+                return error_response(
+                    429,
+                    f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
+                    "RATE_LIMIT_QUEUE_FULL",
+                    headers=headers,
+                )
+            except Withdrawn:
+                # The connection stopped being usable while the request waited in its queue: this
+                # attempt never happened, and the request moves on like any other that finds it so.
+                scope.finish(Outcome.local("withdrawn from the request queue"))
                 return None
-            return reply
+            except ExecutionTimeout:
+                scope.finish(Outcome.local("execution deadline passed"))
+                return error_response(
+                    504,
+                    f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
+                    "RATE_LIMIT_EXECUTION_TIMEOUT",
+                    headers=headers,
+                )
+            except UpstreamFailure as failure:
+                self._failed(scope, failure.outcome, progress, headers)
+                return None
 
-        if stream and upstream.content_type.startswith("text/event-stream"):
-            return await self._start_stream(attempt, upstream, stack, headers, progress, session)
+            if upstream.status >= 400:
+                text = await upstream.read_error_text()
+                recorded = scope.finish(Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text))
+                status = recorded.status or upstream.status
+                if recorded.client_retry_after_ms is not None:
+                    progress.client_retry_ms = recorded.client_retry_after_ms
+                passthrough_headers = dict(headers)
+                for name in ("retry-after", "retry-after-ms"):
+                    if name in upstream.headers:
+                        passthrough_headers[name] = upstream.headers[name]
+                if recorded.client_retry_after_ms is not None:
+                    passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
+                reply = Response(
+                    text.encode(),
+                    status_code=status,
+                    media_type=upstream.content_type,
+                    headers=passthrough_headers,
+                )
+                if recorded.verdict.fallback:
+                    progress.last_error = reply
+                    return None
+                return reply
 
-        try:
-            content = await upstream.read()
-        except UpstreamFailure as failure:
-            await stack.aclose()
-            self._failed(attempt, failure.outcome, progress, headers, session)
-            return None
-        except BaseException:
-            await stack.aclose()
-            engine.record(attempt, Outcome.disconnect())
-            raise
-        await stack.aclose()
-        engine.record(attempt, Outcome.ok(upstream.status), session=session)
-        return Response(
-            content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
-        )
+            if stream and upstream.content_type.startswith("text/event-stream"):
+                return await self._start_stream(scope, upstream, headers, progress)
+
+            try:
+                content = await upstream.read()
+            except UpstreamFailure as failure:
+                self._failed(scope, failure.outcome, progress, headers)
+                return None
+            scope.finish(Outcome.ok(upstream.status))
+            return Response(
+                content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
+            )
+        finally:
+            # Every path above either recorded an outcome or handed the scope to a relay; anything
+            # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
+            if not scope.handed_off:
+                scope.close()
+
+    async def _dispatch(
+        self,
+        scope: _AttemptScope,
+        url: str,
+        data: bytes,
+        api_key: str | None,
+        extra: Mapping[str, str],
+    ) -> UpstreamResponse:
+        """Take the attempt's local places in order, then send it and wait for the response headers.
+
+        The queue place comes first (QueueFull is answered at once, before any waiting), then the
+        connection's concurrency slot (fail-open), then the dispatch: the execution deadline
+        (requestQueue.maxWaitMs) runs from there to the response headers, so no local wait eats
+        into the time the upstream is given.
+        """
+        engine = self.engine
+        attempt = scope.attempt
+        limiter = engine.limiter_for(attempt.connection, attempt.provider)
+        ticket = limiter.admit() if limiter is not None else None
+        scope.ticket = ticket
+        engine.probe_waiting(attempt)
+        sem = attempt.connection.semaphore
+        if sem is not None:
+            quota = engine.settings.quota_share()
+            if quota.enabled and await sem.acquire(
+                queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
+            ):
+                scope.semaphore = sem  # no await since the slot was granted: the scope owns it
+
+        def still_wanted() -> bool:  # asked while queued: a key that started cooling is not sent to
+            return engine.still_eligible(attempt)
+
+        dispatch = await ticket.dispatch(still_wanted) if ticket is not None else None
+        engine.probe_alive(attempt)
+        send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
+        if limiter is not None and dispatch is not None:
+            upstream = await limiter.within_deadline(dispatch, send)
+        else:
+            upstream = await send
+        scope.upstream = upstream
+        engine.probe_alive(attempt)
+        return upstream
 
     # ------------------------------------------------------------------ streams
 
     async def _start_stream(
         self,
-        attempt: Attempt,
+        scope: _AttemptScope,
         upstream: UpstreamResponse,
-        stack: AsyncExitStack,
         headers: dict[str, str],
         progress: _Progress,
-        session: str | None,
     ) -> Response | None:
         """Wait for the first chunk (fallback still possible), then commit to relaying."""
         engine = self.engine
@@ -292,26 +330,20 @@ class Pipeline:
         try:
             first = await anext(chunks, b"")
         except UpstreamFailure as failure:
-            upstream.close()
-            await stack.aclose()
-            self._failed(attempt, failure.outcome, progress, headers, session)
+            self._failed(scope, failure.outcome, progress, headers)
             return None
-        except BaseException:
-            upstream.close()
-            await stack.aclose()
-            engine.record(attempt, Outcome.disconnect())
-            raise
         if not first:
-            upstream.close()
-            await stack.aclose()
             outcome = Outcome.network("upstream ended the stream before any data")
-            self._failed(attempt, outcome, progress, headers, session)
+            self._failed(scope, outcome, progress, headers)
             return None
 
         watch = engine.settings.watchdog()
         watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
 
-        async def relay() -> AsyncIterator[bytes]:
+        attempt = scope.attempt
+        probe = attempt.probe
+
+        async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
             parser = _SSEParser() if watchdog is not None else None
             try:
@@ -319,6 +351,8 @@ class Pipeline:
                 if parser is not None and watchdog is not None:
                     _observe(parser, watchdog, first, engine.clock.now())
                 async for chunk in chunks:
+                    if probe:
+                        engine.probe_alive(attempt)
                     if parser is not None and watchdog is not None:
                         now = engine.clock.now()
                         _observe(parser, watchdog, chunk, now)
@@ -336,30 +370,27 @@ class Pipeline:
                     f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
                 )
             finally:
-                upstream.close()
-                await stack.aclose()
-                engine.record(attempt, outcome or Outcome.disconnect(), session=session)
-                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+                # Synchronous on purpose: this also runs on GeneratorExit from aclose().
+                scope.finish(outcome or Outcome.disconnect())
 
-        return StreamingResponse(
-            relay(), status_code=upstream.status, media_type="text/event-stream", headers=headers
+        return _RelayResponse(
+            relay(), scope, status_code=upstream.status, media_type="text/event-stream", headers=headers
         )
 
     # ------------------------------------------------------------------ answers
 
     def _failed(
         self,
-        attempt: Attempt,
+        scope: _AttemptScope,
         outcome: Outcome,
         progress: _Progress,
         headers: dict[str, str],
-        session: str | None,
     ) -> None:
         """Record an attempt that broke before any byte reached the client; its 502 is the answer
         if nothing else is left to try."""
-        self.engine.record(attempt, outcome, session=session)
+        scope.finish(outcome)
         progress.last_error = error_response(
-            502, f"{attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
+            502, f"{scope.attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
         )
 
     def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
@@ -423,6 +454,106 @@ class Pipeline:
         return error_response(
             503, f"no target can serve this request: {why}", "all_targets_unavailable", skipped=skipped
         )
+
+
+class _AttemptScope:
+    """The one owner of an attempt: it records exactly one outcome and gives back every place the
+    attempt took (queue place or limiter slot, concurrency slot, upstream response), on every path.
+
+    `finish(outcome)` records the first outcome it is given and releases everything; later calls
+    change nothing. `close()` is `finish(disconnect)` for a path that ended without an outcome of
+    its own (a cancellation, a relay that never ran): a disconnect counts against no layer. Both
+    are synchronous, so they can run in a `finally` that must not await (a generator being closed,
+    a cancelled task).
+    """
+
+    __slots__ = (
+        "_finished",
+        "attempt",
+        "engine",
+        "handed_off",
+        "outcome",
+        "semaphore",
+        "session",
+        "ticket",
+        "upstream",
+    )
+
+    def __init__(self, engine: Engine, attempt: Attempt, session: str | None) -> None:
+        self.engine = engine
+        self.attempt = attempt
+        self.session = session
+        self.ticket: Ticket | None = None
+        self.semaphore: ConnectionSemaphore | None = None
+        self.upstream: UpstreamResponse | None = None
+        self.outcome: Outcome | None = None
+        self.handed_off = False
+        """A relay response owns the scope now: it closes it when the response ends."""
+        self._finished: Recorded | None = None
+
+    def finish(self, outcome: Outcome) -> Recorded:
+        if self._finished is not None:
+            return self._finished
+        self.outcome = outcome
+        try:
+            self._finished = self.engine.record(self.attempt, outcome, session=self.session)
+        finally:
+            self._release()
+        return self._finished
+
+    def close(self) -> None:
+        if self.outcome is None:
+            self.finish(Outcome.disconnect())
+
+    def _release(self) -> None:
+        upstream, self.upstream = self.upstream, None
+        if upstream is not None:
+            upstream.close()  # a no-op for a response already read and released
+        semaphore, self.semaphore = self.semaphore, None
+        if semaphore is not None:
+            semaphore.release()
+        ticket, self.ticket = self.ticket, None
+        if ticket is not None:
+            ticket.release()
+
+
+class _RelayResponse(StreamingResponse):
+    """A relayed stream whose attempt ends when the response does, whether its body ran or not.
+
+    The relay generator records the stream's outcome in its `finally`, but a generator's `finally`
+    runs only if it started and is then run to its end or closed: a response whose start fails
+    (the client has gone) is never iterated, and one stopped at a `yield` would be closed only by
+    the garbage collector. So the response closes the relay itself, and then the scope, whatever
+    happened. Starlette calls the response right after the endpoint returns it, with no await in
+    between, and `__call__` enters its `try` before its first await: no path skips the `finally`.
+    """
+
+    def __init__(
+        self,
+        relay: AsyncGenerator[bytes, None],
+        scope: _AttemptScope,
+        *,
+        status_code: int,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(relay, status_code=status_code, media_type=media_type, headers=headers)
+        self._relay = relay
+        self._scope = scope
+        scope.handed_off = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._relay.aclose()  # no await inside the relay's finally: this never suspends
+            finally:
+                attempt = self._scope
+                attempt.close()
+                engine = attempt.engine
+                outcome = attempt.outcome
+                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
 
 
 async def _read_body(request: Request) -> bytes:

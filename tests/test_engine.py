@@ -298,6 +298,27 @@ def test_case_32_restart_keeps_every_layer(kind: str, tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_a_breaker_that_recovered_lazily_is_persisted_as_it_was_read() -> None:
+    # Found by the property test (tests/test_engine_properties.py): OPEN -> HALF_OPEN happens on a
+    # read, not on a recorded outcome, so nothing marked the breaker dirty; after a restart it came
+    # back OPEN and recovered again at the next read, with another transition time.
+    clock = FakeClock()
+    store = MemoryStore()
+    engine = make_engine(clock, store)
+    open_ollama_breaker(engine, clock)
+    engine.persist()
+    clock.advance(15_000)
+    pick(engine, LLAMA)  # this read moves the breaker to HALF_OPEN; the probe then dies with the process
+    recovered_at = clock.now()
+    clock.advance(5_000)
+    engine.persist()
+    stored = store.load()
+    engine2 = make_engine(clock, store, settings=Settings(stored.settings, clock=clock))
+    engine2.restore(stored)
+    record = engine2.providers["ollama"].breaker.to_record()
+    assert (record["state"], record["last_transition_at"]) == ("HALF_OPEN", recovered_at)
+
+
 def test_changed_credential_clears_terminal_state_on_restore() -> None:
     clock = FakeClock()
     store = MemoryStore()

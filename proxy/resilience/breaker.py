@@ -52,7 +52,8 @@ class Admission(Enum):
     ALLOW = "allow"
     """CLOSED or DEGRADED: send normally."""
     PROBE = "probe"
-    """HALF_OPEN: this request took the single probe slot; report it with `probe=True`."""
+    """HALF_OPEN: this request took the single probe slot; report it with `probe=breaker.probe_ticket`
+    read right after `admit()`."""
     REJECT = "reject"
     """OPEN, or HALF_OPEN with the probe slot taken: skip the provider."""
 
@@ -83,6 +84,8 @@ class CircuitBreaker:
     __slots__ = (
         "_emit",
         "_open_until",
+        "_probe_owner",
+        "_probe_tickets",
         "_probe_until",
         "_state",
         "failure_count",
@@ -120,7 +123,12 @@ class CircuitBreaker:
         self._state = _CLOSED
         # Absolute deadlines, so the per-request checks are a single comparison.
         self._open_until = 0.0  # meaningful only while OPEN
-        self._probe_until: float | None = None  # HALF_OPEN probe slot: None = free
+        # The HALF_OPEN probe slot: held while `_probe_until` (a lease) is set and not past. The
+        # slot belongs to one ticket: only the outcome of the request that holds that ticket
+        # settles it, so a stale probe can never settle (or free) a newer probe's slot.
+        self._probe_until: float | None = None
+        self._probe_owner = 0  # the ticket of the probe that holds or last held the slot; 0 = none
+        self._probe_tickets = 0
 
     # -- reads (each one applies lazy recovery) ------------------------------------------------
 
@@ -158,41 +166,64 @@ class CircuitBreaker:
                 return Admission.REJECT
             self._transition(now, _HALF_OPEN, "timeout_elapsed")
         if self._probe_slot_free(now):
+            self._probe_tickets += 1
+            self._probe_owner = self._probe_tickets
             self._probe_until = now + self.probe_timeout_ms
             return Admission.PROBE
         return Admission.REJECT
 
-    def record_success(self, now: float, *, probe: bool = False) -> None:
+    @property
+    def probe_ticket(self) -> int:
+        """The ticket of the probe `admit()` just let in (0 when no probe holds the slot)."""
+        return self._probe_owner if self._probe_until is not None else 0
+
+    def record_success(self, now: float, *, probe: int = 0) -> None:
+        """`probe`: the ticket of the request if it was admitted as the probe, else 0."""
         state = self._state
         if state is _CLOSED or state is _DEGRADED:
             if self.failure_count > 0:
                 self.failure_count -= 1
                 self._follow_count(now, "recovered")
-        elif probe and state is _HALF_OPEN:
+        elif self._owns_probe(probe):
             self.failure_count = 0
             self.open_cycle_count = 0
             self.opened_at = None
-            self._probe_until = None
+            self._free_probe()
             self._transition(now, _CLOSED, "probe_succeeded")
-        # Otherwise a late answer of a request sent before the breaker opened: it says nothing
-        # about the provider now, so it must not close the breaker.
+        # Otherwise a late answer of a request sent before the breaker opened, or of a probe that
+        # lost its slot: it says nothing about the provider now, so it must not close the breaker.
 
-    def record_failure(self, now: float, *, probe: bool = False) -> None:
+    def record_failure(self, now: float, *, probe: int = 0) -> None:
         state = self._state
         if state is _CLOSED or state is _DEGRADED:
             self.failure_count += 1
             self.last_failure_at = now
             self._follow_count(now, "failures")
-        elif probe and state is _HALF_OPEN:
+        elif self._owns_probe(probe):
             self.failure_count += 1
             self.last_failure_at = now
             self._open(now, "probe_failed")
         # Otherwise a late failure while OPEN/HALF_OPEN: it must neither extend the timeout nor
         # bump the cycle count (rule 6), or a burst of in-flight failures would lengthen the outage.
 
-    def release_probe(self, now: float) -> None:
-        if self._state is _HALF_OPEN:
-            self._probe_until = None
+    def release_probe(self, now: float, probe: int) -> None:
+        """The probe ended without a verdict (disconnect, 4xx, local rejection): free its slot."""
+        if self._owns_probe(probe):
+            self._free_probe()
+
+    def hold_probe(self, probe: int) -> None:
+        """The probe waits in our own queues (its queue place, its connection's slot): its owner is
+        alive and will settle it on every path, so the lease does not run out meanwhile."""
+        if self._owns_probe(probe):
+            self._probe_until = math.inf
+
+    def renew_probe(self, now: float, probe: int) -> None:
+        """A sign of life of the probe (dispatched, headers, a chunk relayed): its lease starts over.
+
+        The lease (`probe_timeout_ms`, the upstream's first-byte timeout) only frees the slot of a
+        probe that stopped making progress, so a long stream never lets a second probe in."""
+        if self._owns_probe(probe):
+            self._probe_until = now + self.probe_timeout_ms
 
     # -- operator and settings -------------------------------------------------------------------
 
@@ -202,7 +233,7 @@ class CircuitBreaker:
         self.failure_count = 0
         self.open_cycle_count = 0
         self.opened_at = None
-        self._probe_until = None
+        self._free_probe()
         if not was_clean:  # resetting a clean breaker changes nothing, so it says nothing
             self._transition(now, _CLOSED, reason)
 
@@ -285,9 +316,18 @@ class CircuitBreaker:
     # -- internals -------------------------------------------------------------------------------
 
     def _probe_slot_free(self, now: float) -> bool:
-        # A probe that never settles (lost task, hung upstream) loses its slot at its deadline,
-        # so the breaker cannot stay stuck in HALF_OPEN.
+        # A probe that stops making progress (a lost task) loses its slot when its lease runs
+        # out, so the breaker cannot stay stuck in HALF_OPEN.
         return self._probe_until is None or now >= self._probe_until
+
+    def _owns_probe(self, probe: int) -> bool:
+        # The slot's owner is the last probe admitted; until another probe takes it, a lapsed
+        # owner may still settle it (nobody else is probing), but a stale ticket never can.
+        return probe != 0 and probe == self._probe_owner and self._state is _HALF_OPEN
+
+    def _free_probe(self) -> None:
+        self._probe_until = None
+        self._probe_owner = 0
 
     def _follow_count(self, now: float, reason: str) -> None:
         """In CLOSED/DEGRADED the state is a function of the failure count (rule 2)."""
@@ -304,7 +344,7 @@ class CircuitBreaker:
         self.open_cycle_count += 1
         self.opened_at = now
         self._open_until = now + self.effective_reset_timeout_ms()
-        self._probe_until = None
+        self._free_probe()
         self._transition(now, _OPEN, reason)
 
     def _transition(self, now: float, to: BreakerState, reason: str) -> None:

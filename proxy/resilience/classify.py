@@ -66,14 +66,44 @@ _BANNED = _words(
     "has been banned",
     "account disabled",
 )
+# Terminal verdicts end only by an operator's hand, so their markers are narrow (resilience.md §2
+# rule 4): credits_exhausted only for texts that say the balance, the credits or the plan is used
+# up. A bare "quota exceeded" or "billing" is not enough: Google's per-minute rate limits say
+# "Quota exceeded for quota metric ... per minute", and Gemini's free tier even opens its
+# per-minute 429 with OpenAI's "exceeded your current quota, please check your plan and billing".
 _CREDITS = _words(
     "insufficient_quota",
     "exceeded your current quota",
     "credit balance",
     "out of credits",
+    "insufficient credits",
+    "insufficient balance",
+    "insufficient_balance",
     "payment required",
-    "quota exceeded",
-    "billing",
+    "billing_hard_limit",
+    "billing hard limit",
+)
+# A text that names a rate (a window, a retry delay) is about a rate quota, however it opens: it
+# recovers by itself, so it is never terminal.
+_RATE_QUOTA = _words(
+    "per minute",
+    "per_minute",
+    "perminute",
+    "per min",
+    "per hour",
+    "per_hour",
+    "perhour",
+    "per day",
+    "per_day",
+    "perday",
+    "per second",
+    "quota metric",
+    "rate limit",
+    "rate-limit",
+    "rate_limit",
+    "ratelimit",
+    "retry in",
+    "try again in",
 )
 _INVALID_KEY = _words(
     "invalid api key",
@@ -83,6 +113,17 @@ _INVALID_KEY = _words(
     "api key not valid",
     "invalid authentication",
     "unauthorized",
+)
+# A 403 about access to one model says the key works but may not use that model: a model-level
+# 403 (forbidden, lockable), never an expired key, even when it also says "unauthorized".
+_MODEL_ACCESS = _words(
+    "access to model",
+    "access to the model",
+    "access to this model",
+    "access model",
+    "access the model",
+    "access this model",
+    "have access to it",
 )
 _MODEL_MISSING = _words(
     "model_not_found",
@@ -167,9 +208,9 @@ def _classify_status(status: int, body: str, per_model_quota: bool, lockout: Loc
     if status in _ACCOUNT_STATUSES:
         if _BANNED.search(text):
             return _BANNED_V
-        if status == 402 or (status != 401 and _CREDITS.search(text)):
+        if status == 402 or (status != 401 and _CREDITS.search(text) and not _RATE_QUOTA.search(text)):
             return _CREDITS_V
-        if status == 401 or (status == 403 and _INVALID_KEY.search(text)):
+        if status == 401 or (status == 403 and _INVALID_KEY.search(text) and not _MODEL_ACCESS.search(text)):
             return _EXPIRED_V
         if status == 429:
             # Per-model quotas lock the model whatever the lockout list and master switch say: the

@@ -2,8 +2,8 @@
 
 One `ConnectionHealth` per connection (resilience.md §2). Transient failures cool it with an
 exponential backoff (or the upstream's own retry hint); terminal states (`banned`, `expired`,
-`credits_exhausted`) last until an operator reset or a credential change; `disabled` is the
-operator's switch and sits on top of everything else. Recovery is lazy: a deadline in the past
+`credits_exhausted`) last until an operator reset or a credential change, never until a success;
+`disabled` is the operator's switch and sits on top of everything else. Recovery is lazy: a deadline in the past
 simply reads as `active`, so no timer ever runs.
 """
 
@@ -183,11 +183,11 @@ class ConnectionHealth:
 
     def record_success(self, now: float) -> None:
         # Hot path: a healthy connection has nothing to clear, so return before touching anything.
-        if (
-            self.last_error_at is None
-            and self.rate_limited_until is None
-            and self.backoff_level == 0
-            and self.terminal is None
+        # A terminal connection takes no traffic, so a success it reports comes from a request that
+        # was already in flight when the verdict came: it says nothing about the credential now,
+        # and only an operator reset or a credential change ends a terminal state (§2 rule 4).
+        if self.terminal is not None or (
+            self.last_error_at is None and self.rate_limited_until is None and self.backoff_level == 0
         ):
             return
         old = self.status(now)

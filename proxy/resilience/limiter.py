@@ -19,6 +19,9 @@ locked or its breaker opens) wakes the head to ask at once. One that is no longe
 with `Withdrawn`, unsent and without using a turn of the rate rules, and the next in line is
 asked in its turn. Without this, requests admitted a moment before their key started cooling
 waited out the pacing (200 ms each, 100 a minute) only to hit the rate-limited upstream again.
+
+Every duration here is engine time: the pacing waits and the execution deadline end when the
+limiter's clock (the engine's) says so, so a FakeClock test moves them by advancing the clock.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from proxy.resilience.clock import Clock
+from proxy.resilience.clock import Clock, sleep_until, timeout_at
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 
 T = TypeVar("T")
@@ -84,9 +87,10 @@ class RequestLimiter:
         settings: QueueSettings,
         clock: Clock,
         *,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
-        """`sleep` takes SECONDS (tests pass one that advances a FakeClock)."""
+        """`sleep`, if given, takes SECONDS and replaces the wait on the clock for the pacing rules
+        (tests pass one that records the delays and advances a FakeClock)."""
         self._settings = settings
         self._clock = clock
         self._sleep = sleep
@@ -123,39 +127,36 @@ class RequestLimiter:
         """Wake the head of the line to ask its `still_wanted` now (cheap when nobody waits)."""
         self._poke()
 
-    @asynccontextmanager
-    async def slot(self, still_wanted: Callable[[], bool] | None = None) -> AsyncIterator[Dispatch]:
-        """Wait (FIFO) for a concurrency slot and the rate rules; hold the slot until the block exits.
+    def admit(self) -> Ticket:
+        """Join the queue: the request counts as queued until its ticket is dispatched or released.
 
         Raises QueueFull at once, before waiting, when `max_queue_depth > 0` and that many
-        requests are already queued; Withdrawn when `still_wanted()` says False before dispatch.
+        requests are already queued. Admission and dispatch are two steps so that a request can
+        wait for something else in between (its connection's concurrency slot) while it holds its
+        place: time queued never counts against the execution deadline, which starts at dispatch.
         """
         if not check_queue_admission(self._queued, self._settings.max_queue_depth):
             raise QueueFull(f"request queue full ({self._queued} queued)")
         self._queued += 1
+        return Ticket(self)
+
+    @asynccontextmanager
+    async def slot(self, still_wanted: Callable[[], bool] | None = None) -> AsyncIterator[Dispatch]:
+        """`admit()`, then wait (FIFO) for a concurrency slot and the rate rules; hold the slot
+        until the block exits. Withdrawn when `still_wanted()` says False before dispatch."""
+        ticket = self.admit()
         try:
-            async with self._gate:
-                await self._wait_for_turn(still_wanted)
-                # No await from here to `yield`: the dispatch and the slot are taken atomically.
-                now = self._clock.now()
-                self._record_dispatch(now)
-                self._running += 1
+            yield await ticket.dispatch(still_wanted)
         finally:
-            self._queued -= 1
-        try:
-            yield Dispatch(dispatched_at=now, deadline=now + self._settings.max_wait_ms)
-        finally:
-            self._running -= 1
-            self._poke()
+            ticket.release()
 
     async def within_deadline(self, dispatch: Dispatch, awaitable: Awaitable[T]) -> T:
         """Await the upstream call up to its response headers; past the deadline raise ExecutionTimeout."""
         budget_ms = dispatch.deadline - dispatch.dispatched_at
-        remaining_ms = dispatch.deadline - self._clock.now()
-        if remaining_ms <= 0:
+        if dispatch.deadline <= self._clock.now():
             _discard(awaitable)
             raise ExecutionTimeout(f"no upstream response within {budget_ms:g} ms of dispatch")
-        timeout = asyncio.timeout(remaining_ms / 1000.0)
+        timeout = timeout_at(self._clock, dispatch.deadline)
         try:
             async with timeout:
                 return await awaitable
@@ -172,21 +173,27 @@ class RequestLimiter:
             if self._running >= settings.concurrent_requests:
                 await self._nap(None)
                 continue
-            delay_ms = self._rate_delay(self._clock.now(), settings)
+            now = self._clock.now()
+            delay_ms = self._rate_delay(now, settings)
             if delay_ms <= 0:
                 return
-            await self._nap(delay_ms / 1000.0)
+            await self._nap(now + delay_ms)
 
-    async def _nap(self, seconds: float | None) -> None:
-        """Wait until poked (a slot freed, new settings, a recheck) or, given `seconds`, that long."""
+    async def _nap(self, until_ms: float | None) -> None:
+        """Wait until poked (a slot freed, new settings, a recheck) or, given `until_ms`, until the
+        clock reaches it."""
         wake = self._wake = asyncio.get_running_loop().create_future()
         try:
-            if seconds is None:
+            if until_ms is None:
                 await wake
                 return
             # The sleep runs as its own task so that a poke can cut it short; only the head of the
             # line ever sleeps, so this is one task at a time per connection, and only when pacing.
-            sleeper = asyncio.ensure_future(self._sleep(seconds))
+            if self._sleep is not None:
+                sleeping = self._sleep(max(until_ms - self._clock.now(), 0.0) / 1000.0)
+            else:
+                sleeping = sleep_until(self._clock, until_ms)
+            sleeper = asyncio.ensure_future(sleeping)
             try:
                 await asyncio.wait((wake, sleeper), return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -215,6 +222,52 @@ class RequestLimiter:
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
+
+
+class Ticket:
+    """One request's place in a limiter: queued, then running, then released (exactly once)."""
+
+    __slots__ = ("_limiter", "_state")
+
+    def __init__(self, limiter: RequestLimiter) -> None:
+        self._limiter = limiter
+        self._state = _QUEUED
+
+    async def dispatch(self, still_wanted: Callable[[], bool] | None = None) -> Dispatch:
+        """Wait (FIFO) for a concurrency slot and the rate rules, then take the slot: the execution
+        deadline starts now. A wait that ends in an exception (a cancellation, Withdrawn) releases
+        the ticket."""
+        if self._state is not _QUEUED:
+            raise RuntimeError("a ticket is dispatched once")
+        limiter = self._limiter
+        try:
+            async with limiter._gate:
+                await limiter._wait_for_turn(still_wanted)
+                # No await from here on: the dispatch and the slot are taken atomically.
+                now = limiter._clock.now()
+                limiter._record_dispatch(now)
+                limiter._queued -= 1
+                limiter._running += 1
+                self._state = _RUNNING
+        finally:
+            if self._state is _QUEUED:
+                self.release()
+        return Dispatch(dispatched_at=now, deadline=now + limiter._settings.max_wait_ms)
+
+    def release(self) -> None:
+        """Leave the queue, or give the concurrency slot back; a no-op the second time."""
+        limiter = self._limiter
+        if self._state is _QUEUED:
+            limiter._queued -= 1
+        elif self._state is _RUNNING:
+            limiter._running -= 1
+            limiter._poke()
+        self._state = _RELEASED
+
+
+_QUEUED = "queued"
+_RUNNING = "running"
+_RELEASED = "released"
 
 
 def _discard(awaitable: Awaitable[object]) -> None:

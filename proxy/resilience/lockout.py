@@ -282,13 +282,27 @@ class LockoutTable:
         status: int | None,
         reason: str,
         hint_ms: float | None = None,
+        started_at: float | None = None,
     ) -> LockoutEntry | None:
         """Lock (or escalate). The caller has already decided this outcome locks (it checks
         settings.counts(), or it is a per-model-quota 429 which locks even if 429 is not listed).
         A `not_found` lock may evict another `not_found` entry (see the module docstring).
-        Returns None only when the table is full of active entries that are not `not_found`."""
+        Returns None only when the table is full of active entries that are not `not_found`.
+
+        `started_at` is when the failed request was sent (the engine always says); a failure of a
+        request sent no later than the lock it finds is a herd failure. None: not known, it counts."""
         key = (provider, connection_id, model)
         entry = self._entries.get(key)
+        if (
+            started_at is not None
+            and entry is not None
+            and now < entry.expires_at
+            and started_at <= entry.locked_at
+        ):
+            # Anti-thundering-herd (§3 rule 1, as for cooldowns): the requests that were in flight
+            # when the triple locked fail too; they say nothing new about the model, so they
+            # neither count nor escalate nor extend the lock. Only a longer explicit hint does.
+            return self._herd_failure(key, entry, now, settings, status, reason, hint_ms)
         not_found = reason == NOT_FOUND
         if entry is None:
             if not_found:
@@ -337,6 +351,30 @@ class LockoutTable:
         self._emit(
             _event(now, key, LOCKED if was_locked else UNLOCKED, LOCKED, f"{label}, {int(cooldown)}ms")
         )
+        return entry
+
+    def _herd_failure(
+        self,
+        key: _Key,
+        entry: LockoutEntry,
+        now: float,
+        settings: LockoutSettings,
+        status: int | None,
+        reason: str,
+        hint_ms: float | None,
+    ) -> LockoutEntry:
+        if hint_ms is None:
+            return entry
+        cooldown = settings.cooldown_ms(entry.failure_count, hint_ms)
+        if now + cooldown <= entry.expires_at:
+            return entry  # the later deadline always wins; a shorter hint never cuts a lock
+        entry.expires_at = now + cooldown
+        # The escalation window follows the lock it extended, so the next real failure after it
+        # still escalates.
+        entry.last_cooldown_ms = cooldown
+        entry.last_failure_at = now
+        label = reason if status is None else f"{status} {reason}"
+        self._emit(_event(now, key, LOCKED, LOCKED, f"{label}, extended by retry hint to {int(cooldown)}ms"))
         return entry
 
     def record_success(self, provider: str, connection_id: str, model: str, now: float) -> None:

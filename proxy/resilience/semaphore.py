@@ -9,7 +9,8 @@ either takes a free slot or proceeds without one.
 Waiters are served strictly in arrival order. A released slot is handed directly to the oldest
 waiter (the in-use count does not dip), so a newcomer can never barge in between. The hand-off is
 a future resolved with True; a timeout resolves it with False from a timer, so a timeout is never
-a cancellation and cannot race with a hand-off. The one real race is a waiter that is cancelled
+a cancellation and cannot race with a hand-off. The timer runs on the semaphore's clock (the
+engine's), so `timeout_ms` is engine time like every other duration. The one real race is a waiter that is cancelled
 after its future was resolved with True but before it ran: it owns that slot and passes it on.
 """
 
@@ -21,6 +22,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.events import Event
@@ -86,10 +88,14 @@ class ConnectionSemaphore:
             self._fail_open("no slot free and waiting is off (timeout 0)")
             return False
 
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
-        timer = loop.call_later(timeout_ms / 1000.0, self._expire, fut) if math.isfinite(timeout_ms) else None
+        clock = self._clock
+        timer = (
+            clock.call_at(clock.now() + timeout_ms, partial(self._expire, fut))
+            if math.isfinite(timeout_ms)
+            else None
+        )
         try:
             granted = await fut
         except asyncio.CancelledError:

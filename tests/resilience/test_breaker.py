@@ -36,6 +36,14 @@ def fail(breaker: CircuitBreaker, now: float, times: int) -> None:
         breaker.record_failure(now)
 
 
+def admit_probe(breaker: CircuitBreaker, now: float) -> int:
+    """Admit the probe and return its ticket, the one identity that may settle its slot."""
+    assert breaker.admit(now) is Admission.PROBE
+    ticket = breaker.probe_ticket
+    assert ticket != 0
+    return ticket
+
+
 def opened(clock: FakeClock, events: list[Event] | None = None) -> CircuitBreaker:
     """An apikey breaker that has just opened (cycle 1) at clock.now()."""
     breaker = make(events=events)
@@ -178,9 +186,10 @@ async def test_case_5_half_open_with_100_concurrent_requests_admits_exactly_one(
     async def request(i: int) -> Admission:
         admission = breaker.admit(clock.now())
         if admission is not Admission.REJECT:
+            ticket = breaker.probe_ticket if admission is Admission.PROBE else 0
             upstream_calls.append(i)
             await asyncio.sleep(0)  # the upstream call: every other task runs meanwhile
-            breaker.record_success(clock.now(), probe=admission is Admission.PROBE)
+            breaker.record_success(clock.now(), probe=ticket)
         return admission
 
     admissions = await asyncio.gather(*(request(i) for i in range(100)))
@@ -207,9 +216,9 @@ def test_case_6_probe_success_closes_with_count_zero() -> None:
     events: list[Event] = []
     breaker = opened(clock, events)
     clock.advance(30_000)
-    assert breaker.admit(clock.now()) is Admission.PROBE
+    ticket = admit_probe(breaker, clock.now())
     clock.advance(250)
-    breaker.record_success(clock.now(), probe=True)
+    breaker.record_success(clock.now(), probe=ticket)
     assert breaker.state(clock.now()) is BreakerState.CLOSED
     assert (breaker.failure_count, breaker.open_cycle_count) == (0, 0)
     assert breaker.admit(clock.now()) is Admission.ALLOW
@@ -223,9 +232,9 @@ def test_case_6_probe_failure_reopens_with_cycle_plus_one() -> None:
     breaker = opened(clock, events)
     assert breaker.open_cycle_count == 1
     clock.advance(30_000)
-    assert breaker.admit(clock.now()) is Admission.PROBE
+    ticket = admit_probe(breaker, clock.now())
     clock.advance(500)
-    breaker.record_failure(clock.now(), probe=True)
+    breaker.record_failure(clock.now(), probe=ticket)
     assert breaker.state(clock.now()) is BreakerState.OPEN
     assert breaker.open_cycle_count == 2
     assert breaker.failure_count == 13
@@ -245,8 +254,7 @@ def test_case_7_failed_probe_cycles_double_from_the_4th_and_cap_at_16x() -> None
         clock.advance(period - 1)
         assert breaker.state(clock.now()) is BreakerState.OPEN
         clock.advance(1)
-        assert breaker.admit(clock.now()) is Admission.PROBE
-        breaker.record_failure(clock.now(), probe=True)
+        breaker.record_failure(clock.now(), probe=admit_probe(breaker, clock.now()))
     assert open_periods[:5] == [30_000, 30_000, 30_000, 60_000, 120_000]
     assert open_periods[5:] == [240_000, 480_000, 480_000, 480_000]
     assert breaker.open_cycle_count == 10
@@ -257,12 +265,10 @@ def test_case_7_probe_success_resets_the_cycle_count() -> None:
     breaker = opened(clock)
     for _ in range(4):  # cycles 2..5
         clock.advance(breaker.retry_after_ms(clock.now()))
-        assert breaker.admit(clock.now()) is Admission.PROBE
-        breaker.record_failure(clock.now(), probe=True)
+        breaker.record_failure(clock.now(), probe=admit_probe(breaker, clock.now()))
     assert (breaker.open_cycle_count, breaker.retry_after_ms(clock.now())) == (5, 120_000)
     clock.advance(120_000)
-    assert breaker.admit(clock.now()) is Admission.PROBE
-    breaker.record_success(clock.now(), probe=True)
+    breaker.record_success(clock.now(), probe=admit_probe(breaker, clock.now()))
     fail(breaker, clock.now(), 12)
     assert (breaker.open_cycle_count, breaker.retry_after_ms(clock.now())) == (1, 30_000)
 
@@ -272,10 +278,10 @@ def test_case_8_probe_without_verdict_gives_its_slot_back() -> None:
     events: list[Event] = []
     breaker = opened(clock, events)
     clock.advance(30_000)
-    assert breaker.admit(clock.now()) is Admission.PROBE
+    ticket = admit_probe(breaker, clock.now())
     assert breaker.admit(clock.now()) is Admission.REJECT
     clock.advance(100)
-    breaker.release_probe(clock.now())  # the client disconnected (or a 4xx, or a local rejection)
+    breaker.release_probe(clock.now(), ticket)  # the client disconnected (or a 4xx, or a local rejection)
     assert breaker.state(clock.now()) is BreakerState.HALF_OPEN
     assert breaker.open_cycle_count == 1
     assert breaker.can_execute(clock.now()) is True
@@ -295,10 +301,49 @@ def test_case_8_unsettled_probe_loses_its_slot_after_probe_timeout() -> None:
     assert breaker.admit(clock.now()) is Admission.REJECT
     clock.advance(1)
     assert breaker.can_execute(clock.now()) is True
-    assert breaker.admit(clock.now()) is Admission.PROBE
+    second = admit_probe(breaker, clock.now())
     assert breaker.admit(clock.now()) is Admission.REJECT
-    breaker.record_success(clock.now(), probe=True)
+    breaker.record_success(clock.now(), probe=second)
     assert breaker.state(clock.now()) is BreakerState.CLOSED
+
+
+def test_case_8_a_stale_probe_never_settles_or_frees_the_new_probes_slot() -> None:
+    # Issue #9, item 8: the first probe lost its slot to its lease; its outcome, whatever it is,
+    # belongs to no probe any more.
+    clock = FakeClock()
+    breaker = CircuitBreaker("openai", "apikey", APIKEY, probe_timeout_ms=5_000)
+    fail(breaker, clock.now(), 12)
+    clock.advance(30_000)
+    stale = admit_probe(breaker, clock.now())
+    clock.advance(5_000)
+    fresh = admit_probe(breaker, clock.now())
+    assert fresh != stale
+    breaker.release_probe(clock.now(), stale)
+    breaker.record_success(clock.now(), probe=stale)
+    breaker.record_failure(clock.now(), probe=stale)
+    breaker.renew_probe(clock.now(), stale)
+    assert breaker.state(clock.now()) is BreakerState.HALF_OPEN
+    assert (breaker.failure_count, breaker.open_cycle_count) == (12, 1)
+    assert breaker.admit(clock.now()) is Admission.REJECT  # the fresh probe still holds the slot
+    breaker.record_failure(clock.now(), probe=fresh)
+    assert (breaker.state(clock.now()), breaker.open_cycle_count) == (BreakerState.OPEN, 2)
+
+
+def test_case_8_a_probe_that_shows_progress_keeps_its_slot_past_the_lease() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("openai", "apikey", APIKEY, probe_timeout_ms=5_000)
+    fail(breaker, clock.now(), 12)
+    clock.advance(30_000)
+    ticket = admit_probe(breaker, clock.now())
+    breaker.hold_probe(ticket)  # waiting in our own queue: the lease does not run
+    clock.advance(60_000)
+    assert breaker.admit(clock.now()) is Admission.REJECT
+    for _ in range(10):  # a stream: each chunk is a sign of life
+        breaker.renew_probe(clock.now(), ticket)
+        clock.advance(4_999)
+        assert breaker.admit(clock.now()) is Admission.REJECT
+    clock.advance(1)  # no sign of life for a whole lease: the slot is free again
+    assert breaker.can_execute(clock.now()) is True
 
 
 def test_case_9_late_failures_while_open_change_nothing() -> None:
@@ -380,9 +425,9 @@ def test_reset_frees_the_probe_slot_and_a_late_probe_verdict_counts_as_normal() 
     clock = FakeClock()
     breaker = opened(clock)
     clock.advance(30_000)
-    assert breaker.admit(clock.now()) is Admission.PROBE
+    ticket = admit_probe(breaker, clock.now())
     breaker.reset(clock.now(), reason="operator")
-    breaker.record_failure(clock.now(), probe=True)  # the probe answers after the reset
+    breaker.record_failure(clock.now(), probe=ticket)  # the probe answers after the reset
     assert (breaker.state(clock.now()), breaker.failure_count) == (BreakerState.CLOSED, 1)
 
 
@@ -408,11 +453,9 @@ def test_every_transition_is_an_event_and_a_history_entry() -> None:
     breaker = make(events=events)
     fail(breaker, clock.now(), 12)  # CLOSED→DEGRADED, DEGRADED→OPEN
     clock.advance(30_000)
-    breaker.admit(clock.now())  # OPEN→HALF_OPEN
-    breaker.record_failure(clock.now(), probe=True)  # HALF_OPEN→OPEN
+    breaker.record_failure(clock.now(), probe=admit_probe(breaker, clock.now()))  # OPEN→HALF_OPEN→OPEN
     clock.advance(30_000)
-    breaker.admit(clock.now())  # OPEN→HALF_OPEN
-    breaker.record_success(clock.now(), probe=True)  # HALF_OPEN→CLOSED
+    breaker.record_success(clock.now(), probe=admit_probe(breaker, clock.now()))  # OPEN→HALF_OPEN→CLOSED
     expected = [
         (START, "CLOSED", "DEGRADED", "failures"),
         (START, "DEGRADED", "OPEN", "failures"),
@@ -510,8 +553,7 @@ def test_record_round_trip_keeps_an_open_breaker_open_with_the_same_remaining_ti
     breaker = opened(clock)
     for _ in range(3):  # reach cycle 4 (60 s)
         clock.advance(breaker.retry_after_ms(clock.now()))
-        breaker.admit(clock.now())
-        breaker.record_failure(clock.now(), probe=True)
+        breaker.record_failure(clock.now(), probe=admit_probe(breaker, clock.now()))
     clock.advance(12_000)
     record = json.loads(json.dumps(breaker.to_record()))
     assert record == {

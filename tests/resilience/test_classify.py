@@ -12,6 +12,18 @@ from proxy.resilience.classify import (
 from proxy.resilience.lockout import LockoutSettings
 from proxy.resilience.outcome import Outcome
 
+GOOGLE_PER_MINUTE = (
+    "Quota exceeded for quota metric 'Generate Content API requests per minute' and limit "
+    "'GenerateContent request limit per minute for a region' of service "
+    "'generativelanguage.googleapis.com' for consumer 'project_number:123'."
+)
+GEMINI_FREE_TIER = (
+    "You exceeded your current quota, please check your plan and billing details. For more information "
+    "on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits. * Quota exceeded for "
+    "metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 15, model: "
+    "gemini-2.0-flash. Please retry in 37.5s."
+)
+
 ON = LockoutSettings(enabled=True)
 OFF = LockoutSettings()
 
@@ -115,11 +127,65 @@ ROWS = [
         Verdict(B.NONE, C.CREDITS_EXHAUSTED, L.NONE, True, "credits_exhausted", False),
     ),
     (
-        "429-billing",
-        Outcome.http(429, "Check your Billing details"),
+        "429-openai-insufficient-quota",
+        Outcome.http(
+            429,
+            "You exceeded your current quota, please check your plan and billing details. For more "
+            "information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes",
+        ),
         False,
         OFF,
         Verdict(B.NONE, C.CREDITS_EXHAUSTED, L.NONE, True, "credits_exhausted", False),
+    ),
+    (
+        "403-anthropic-credit-balance",
+        Outcome.http(403, "Your credit balance is too low to access the Anthropic API."),
+        False,
+        ON,
+        Verdict(B.NONE, C.CREDITS_EXHAUSTED, L.NONE, True, "credits_exhausted", False),
+    ),
+    # ...but a rate quota is never terminal, whatever else the text says (issue #9, item 3)
+    (
+        "429-google-per-minute-quota",
+        Outcome.http(429, GOOGLE_PER_MINUTE),
+        False,
+        ON,
+        Verdict(B.NONE, C.COOLDOWN, L.LOCK, True, "rate_limited", True),
+    ),
+    (
+        "429-gemini-free-tier-per-minute",
+        Outcome.http(429, GEMINI_FREE_TIER),
+        False,
+        OFF,
+        Verdict(B.NONE, C.COOLDOWN, L.NONE, True, "rate_limited", True),
+    ),
+    (
+        "429-google-per-day-quota-per-model",
+        Outcome.http(429, "Quota exceeded for quota metric 'Requests per day' of service 'x'"),
+        True,
+        OFF,
+        Verdict(B.NONE, C.NONE, L.LOCK, True, "rate_limited", True),
+    ),
+    (
+        "429-tokens-per-min",
+        Outcome.http(429, "Rate limit reached for gpt-4o on tokens per min (TPM): Limit 30000."),
+        False,
+        OFF,
+        Verdict(B.NONE, C.COOLDOWN, L.NONE, True, "rate_limited", True),
+    ),
+    (
+        "403-quota-exceeded-per-minute",
+        Outcome.http(403, "Quota exceeded: requests per minute per project"),
+        False,
+        ON,
+        Verdict(B.NONE, C.NONE, L.LOCK, True, "forbidden", True),
+    ),
+    (
+        "429-billing-word-alone",
+        Outcome.http(429, "Too many requests; see billing and usage limits"),
+        False,
+        OFF,
+        Verdict(B.NONE, C.COOLDOWN, L.NONE, True, "rate_limited", True),
     ),
     # 401, or 403 with invalid-key text
     ("401", Outcome.http(401), False, ON, Verdict(B.NONE, C.EXPIRED, L.NONE, True, "expired", False)),
@@ -136,6 +202,35 @@ ROWS = [
         False,
         ON,
         Verdict(B.NONE, C.EXPIRED, L.NONE, True, "expired", False),
+    ),
+    (
+        "403-unauthorized",
+        Outcome.http(403, '{"error": "Unauthorized"}'),
+        False,
+        ON,
+        Verdict(B.NONE, C.EXPIRED, L.NONE, True, "expired", False),
+    ),
+    # ...but a text about access to one model is a model-level 403, never an expired key
+    (
+        "403-unauthorized-for-one-model",
+        Outcome.http(403, "Unauthorized: you do not have access to model gpt-4o"),
+        False,
+        ON,
+        Verdict(B.NONE, C.NONE, L.LOCK, True, "forbidden", True),
+    ),
+    (
+        "403-project-has-no-access-to-model",
+        Outcome.http(403, "Project proj_1 does not have access to model `o3`; invalid api key scope"),
+        False,
+        ON,
+        Verdict(B.NONE, C.NONE, L.LOCK, True, "forbidden", True),
+    ),
+    (
+        "403-not-authorized-to-access-model",
+        Outcome.http(403, "unauthorized: not authorized to access model claude-opus"),
+        False,
+        OFF,
+        Verdict(B.NONE, C.NONE, L.NONE, True, "forbidden", True),
     ),
     (
         "429-invalid-key-text-is-a-rate-limit",

@@ -316,13 +316,20 @@ def test_success_on_a_healthy_connection_emits_nothing() -> None:
     assert health.status(clock.now()) == "active"
 
 
-def test_success_on_a_terminal_connection_clears_it() -> None:
+@pytest.mark.parametrize("status", sorted(TERMINAL_STATUSES))
+def test_a_late_success_never_clears_a_terminal_state(status: str) -> None:
+    # A terminal connection takes no traffic, so any success it reports is a request that was in
+    # flight when the verdict came: it says nothing about the credential now (issue #9, item 2).
     health, clock, events = make()
-    health.mark_terminal(clock.now(), "expired", error="401", code=401)
+    health.mark_terminal(clock.now(), status, error="401 Incorrect API key provided", code=401)
+    before = health.to_record()
+    clock.advance(500)
     health.record_success(clock.now())
+    assert health.status(clock.now()) == status
+    assert health.to_record() == before
+    assert len(events) == 1
+    health.reset(clock.now())  # only an operator (or a credential change) ends it
     assert health.status(clock.now()) == "active"
-    assert health.terminal is None
-    assert transitions(events)[-1] == ("expired", "active", "success")
 
 
 def test_disable_cooling_records_errors_but_never_cools() -> None:

@@ -378,3 +378,72 @@ async def test_a_request_waiting_for_a_concurrency_slot_is_withdrawn_on_recheck(
     assert (limiter.running, limiter.queued) == (1, 0)
     gate.set()
     await holding
+
+
+async def test_the_execution_deadline_is_engine_time() -> None:
+    # Issue #9, item 12: the deadline ends when the engine's clock passes it, not after real time.
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(max_wait_ms=15_000), clock)
+    async with limiter.slot() as dispatch:
+        call = asyncio.create_task(limiter.within_deadline(dispatch, asyncio.Event().wait()))
+        await _spin()
+        clock.advance(14_999)
+        await _spin()
+        assert not call.done()
+        clock.advance(1)
+        with pytest.raises(ExecutionTimeout):
+            await asyncio.wait_for(call, 1.0)
+
+
+async def test_the_pacing_wait_is_engine_time() -> None:
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(min_time_between_requests_ms=60_000), clock)
+    async with limiter.slot() as first:
+        pass
+    second = asyncio.create_task(_dispatch_time(limiter))
+    await _spin()
+    clock.advance(59_999)
+    await _spin()
+    assert not second.done()
+    clock.advance(1)
+    assert await asyncio.wait_for(second, 1.0) == first.dispatched_at + 60_000
+
+
+async def _dispatch_time(limiter: RequestLimiter) -> float:
+    async with limiter.slot() as dispatch:
+        return dispatch.dispatched_at
+
+
+async def test_a_ticket_is_queued_then_running_then_released_once() -> None:
+    clock = FakeClock()
+    limiter = RequestLimiter(QueueSettings(min_time_between_requests_ms=0, max_queue_depth=2), clock)
+    first, second = limiter.admit(), limiter.admit()
+    assert (limiter.queued, limiter.running) == (2, 0)
+    with pytest.raises(QueueFull):
+        limiter.admit()  # a place held before dispatch counts against the depth
+    dispatch = await first.dispatch()
+    assert dispatch == Dispatch(dispatched_at=T0, deadline=T0 + 15_000)
+    assert (limiter.queued, limiter.running) == (1, 1)
+    second.release()  # leaves the queue without ever being dispatched
+    first.release()
+    first.release()
+    second.release()
+    assert (limiter.queued, limiter.running) == (0, 0)
+
+
+async def test_a_ticket_cancelled_while_waiting_for_its_turn_leaves_the_queue() -> None:
+    limiter = RequestLimiter(
+        QueueSettings(min_time_between_requests_ms=0, concurrent_requests=1), FakeClock()
+    )
+    holder = limiter.admit()
+    await holder.dispatch()
+    waiter = limiter.admit()
+    waiting = asyncio.create_task(waiter.dispatch())
+    await _spin()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert (limiter.queued, limiter.running) == (0, 1)
+    waiter.release()  # still safe: the ticket was already released
+    holder.release()
+    assert (limiter.queued, limiter.running) == (0, 0)

@@ -231,6 +231,69 @@ def test_an_existing_longer_lock_is_kept() -> None:
     assert (events[-1].from_, events[-1].to) == ("locked", "locked")
 
 
+def test_case_19_ten_concurrent_failures_give_one_base_length_lock() -> None:
+    # Anti-thundering-herd (issue #9, item 4): the ten requests were all in flight when the first
+    # answer locked the triple, so the other nine say nothing new about the model.
+    clock = FakeClock()
+    table, events = make_table()
+    sent = clock.now()
+    clock.advance(800)
+    for _ in range(10):
+        entry = table.record_failure(
+            "ollama", "c1", "m", clock.now(), ENABLED, status=404, reason="not_found", started_at=sent
+        )
+        clock.advance(5)
+    assert entry is not None
+    assert (entry.failure_count, entry.last_cooldown_ms) == (1, 120_000)
+    assert entry.expires_at == START + 800 + 120_000
+    assert len(events) == 1
+
+
+def test_a_herd_failure_with_a_longer_hint_extends_the_lock_without_counting() -> None:
+    clock = FakeClock()
+    table, events = make_table()
+    sent = clock.now()
+    table.record_failure(
+        "p", "c", "m", clock.now(), ENABLED, status=429, reason="rate_limited", started_at=sent
+    )
+    clock.advance(1_000)
+    for hint, until in ((60_000, START + 120_000), (300_000, START + 1_000 + 300_000)):
+        entry = table.record_failure(
+            "p",
+            "c",
+            "m",
+            clock.now(),
+            ENABLED,
+            status=429,
+            reason="rate_limited",
+            hint_ms=hint,
+            started_at=sent,
+        )
+        assert entry is not None
+        assert (entry.failure_count, entry.expires_at, entry.locked_at) == (1, until, START)
+    assert [(e.from_, e.to) for e in events] == [("unlocked", "locked"), ("locked", "locked")]
+    assert events[-1].reason == "429 rate_limited, extended by retry hint to 300000ms"
+
+
+def test_a_failure_of_a_request_sent_after_the_lock_still_escalates() -> None:
+    clock = FakeClock()
+    table, _ = make_table()
+    fail(table, clock.now())
+    clock.advance(1_000)
+    entry = table.record_failure(
+        "ollama",
+        "c1",
+        "llama3:8b",
+        clock.now(),
+        ENABLED,
+        status=404,
+        reason="not_found",
+        started_at=clock.now(),
+    )
+    assert entry is not None
+    assert (entry.failure_count, entry.expires_at) == (2, START + 1_000 + 240_000)
+
+
 def test_locked_at_restarts_when_the_previous_lock_had_expired() -> None:
     clock = FakeClock()
     table, events = make_table()

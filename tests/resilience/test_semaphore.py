@@ -73,17 +73,22 @@ async def test_case_23_full_wait_queue_lets_the_request_through_without_a_slot()
 
 async def test_case_23_wait_timeout_lets_the_request_through_without_a_slot() -> None:
     events: list[Event] = []
-    sem = ConnectionSemaphore(1, emit=events.append)
+    clock = FakeClock()  # the timeout is engine time: the test moves the clock instead of waiting
+    sem = ConnectionSemaphore(1, clock=clock, emit=events.append)
     async with sem.slot(queue_depth=20, timeout_ms=30_000) as held:
         assert held is True
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        async with sem.slot(queue_depth=20, timeout_ms=20) as second:
-            waited_ms = (loop.time() - started) * 1000
-            assert second is False
-            assert (sem.in_use, sem.waiting) == (1, 0)
+
+        async def second() -> bool:
+            async with sem.slot(queue_depth=20, timeout_ms=20) as got:
+                assert (sem.in_use, sem.waiting) == (1, 0)
+                return got
+
+        waiter = asyncio.create_task(second())
+        await _spin()
+        assert sem.waiting == 1
+        clock.advance(20)
+        assert await asyncio.wait_for(waiter, 1.0) is False
         assert sem.in_use == 1  # the fail-open block released nothing
-    assert 15 <= waited_ms < 1000
     assert [(e.to, e.reason) for e in events] == [("fail_open", "no slot within 20 ms")]
     assert (sem.in_use, sem.waiting) == (0, 0)
 
@@ -222,3 +227,21 @@ async def test_case_23_thousand_mixed_requests_with_cancellations_leave_no_trace
     assert outcomes["fail_open"] > 100
     assert most_holding == 3
     assert (sem.in_use, sem.waiting, holding) == (0, 0, 0)
+
+
+async def test_the_wait_timeout_is_engine_time() -> None:
+    # Issue #9, item 12: the slot wait's timeout is read on the engine's clock, so 30 s of engine
+    # time pass at once on a FakeClock, and real time alone never ends it.
+    events: list[Event] = []
+    clock = FakeClock()
+    sem = ConnectionSemaphore(1, key="box", clock=clock, emit=events.append)
+    assert await sem.acquire(queue_depth=20, timeout_ms=30_000) is True
+    waiter = asyncio.create_task(sem.acquire(queue_depth=20, timeout_ms=30_000))
+    await _spin()
+    clock.advance(29_999)
+    await _spin()
+    assert (waiter.done(), sem.waiting) == (False, 1)
+    clock.advance(1)
+    assert await asyncio.wait_for(waiter, 1.0) is False
+    assert [(e.to, e.reason, e.ts) for e in events] == [("fail_open", "no slot within 30000 ms", clock.now())]
+    assert (sem.in_use, sem.waiting) == (1, 0)

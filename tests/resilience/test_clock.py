@@ -1,0 +1,99 @@
+"""The engine's clock and its timers: waits end when the clock says so, never by real sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from proxy.resilience.clock import FakeClock, SystemClock, sleep_until, timeout_at
+
+
+async def _spin(turns: int = 5) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def test_a_fake_clock_timer_runs_when_the_clock_passes_it_and_not_before() -> None:
+    clock = FakeClock()
+    fired: list[float] = []
+    clock.call_at(clock.now() + 1_000, lambda: fired.append(clock.now()))
+    clock.advance(999)
+    await _spin()
+    assert fired == []
+    clock.advance(1)
+    await _spin()
+    assert fired == [clock.now()]
+    clock.advance(10_000)
+    await _spin()
+    assert len(fired) == 1  # once
+
+
+async def test_a_timer_already_due_runs_at_once_and_a_cancelled_one_never() -> None:
+    clock = FakeClock()
+    fired: list[str] = []
+    clock.call_at(clock.now(), lambda: fired.append("due"))
+    clock.call_at(clock.now() + 5, lambda: fired.append("cancelled")).cancel()
+    clock.advance(5)
+    await _spin()
+    assert fired == ["due"]
+
+
+async def test_a_fake_clock_moved_from_another_thread_wakes_this_loop() -> None:
+    clock = FakeClock()
+    waiter = asyncio.create_task(sleep_until(clock, clock.now() + 60_000))
+    await _spin()
+    mover = threading.Thread(target=clock.advance, args=(60_000,))
+    mover.start()
+    mover.join()
+    await asyncio.wait_for(waiter, 1.0)  # a minute of engine time, at once
+
+
+async def test_cancelled_timers_do_not_pile_up() -> None:
+    clock = FakeClock()
+    for _ in range(10_000):
+        clock.call_at(clock.now() + 60_000, lambda: None).cancel()
+    assert len(clock._timers) < 600
+
+
+async def test_timeout_at_raises_timeout_error_when_the_clock_passes_the_deadline() -> None:
+    clock = FakeClock()
+
+    async def block() -> None:
+        async with timeout_at(clock, clock.now() + 50) as timeout:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                assert timeout.expired()
+
+    task = asyncio.create_task(block())
+    await _spin()
+    assert not task.done()
+    clock.advance(50)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(task, 1.0)
+
+
+async def test_timeout_at_leaves_an_outside_cancellation_alone() -> None:
+    clock = FakeClock()
+
+    async def block() -> None:
+        async with timeout_at(clock, clock.now() + 50):
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(block())
+    await _spin()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_the_system_clock_runs_a_timer_at_its_time() -> None:
+    clock = SystemClock()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await sleep_until(clock, clock.now() + 30)
+    assert 0.025 <= loop.time() - started < 1.0
+    async with timeout_at(clock, clock.now() + 1_000):
+        pass  # a deadline not reached leaves the block alone
