@@ -19,6 +19,7 @@ from starlette.routing import Route
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
+from proxy.store import StoreError
 
 __all__ = ["MAX_BODY_BYTES", "management_routes"]
 
@@ -222,6 +223,12 @@ def management_routes(runtime: Runtime) -> list[Route]:
                 return json_response(await runtime.patch_settings(body, group))
             except SettingsError as exc:
                 raise _invalid(exc.fields) from None
+            except StoreError as exc:
+                # Not a bug to hide behind "internal error": the operator must learn that the disk
+                # refused the change, and that the live settings are still the old ones.
+                return error_response(
+                    500, f"settings not saved, nothing changed: {exc}", "settings_not_saved"
+                )
 
         return [
             Route(path, _answers(read), methods=["GET"]),
