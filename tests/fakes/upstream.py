@@ -91,6 +91,8 @@ class FakeUpstream:
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.models_delay_ms = 0.0
+        """How long GET /v1/models takes to answer (to hold a listing in flight while others arrive)."""
         self._lock = threading.Lock()  # tests script from their thread while the server thread picks
         self._queue: deque[Reply] = deque()
         self._by_model: dict[str, Reply] = {}
@@ -177,6 +179,8 @@ class FakeUpstream:
 
     async def _list_models(self, request: Request) -> Response:
         await self._record(request)
+        if self.models_delay_ms:
+            await asyncio.sleep(self.models_delay_ms / 1000)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": self.name} for m in self.models]
         return JSONResponse({"object": "list", "data": data})
 
