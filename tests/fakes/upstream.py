@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -114,6 +114,11 @@ class FakeUpstream:
         self.max_in_flight = 0
         self.models_delay_ms = 0.0
         """How long GET /v1/models takes to answer (to hold a listing in flight while others arrive)."""
+        self.chooser: Callable[[str | None], Reply] | None = None
+        """When set, picks the reply of every completion request without a `by_model` rule (ahead of
+        the script and the default): endless random faults for a soak. Called under a lock."""
+        self.recording = True
+        """False: `requests` stays empty (a long soak would otherwise keep every request it sent)."""
         self._lock = threading.Lock()  # tests script from their thread while the server thread picks
         self._queue: deque[Reply] = deque()
         self._by_model: dict[str, Reply] = {}
@@ -171,6 +176,8 @@ class FakeUpstream:
         with self._lock:
             if model is not None and model in self._by_model:
                 return self._by_model[model]
+            if self.chooser is not None:
+                return self.chooser(model)
             if self._queue:
                 return self._queue.popleft()
             return self._default
@@ -181,6 +188,8 @@ class FakeUpstream:
             payload = json.loads(raw) if raw else None
         except ValueError:
             payload = None
+        if not self.recording:
+            return payload
         headers = {name.lower(): value for name, value in request.headers.items()}
         self.requests.append(
             RecordedRequest(request.method, request.url.path, headers, payload, time.monotonic(), raw)
