@@ -413,6 +413,15 @@ def report(
     )
     for line in tally.errors:
         print(f"  {line}")
+    shown: set[str] = set()
+    for block in log.split("Traceback (most recent call last):")[1:]:
+        lines = [line for line in block.splitlines() if line.strip()]
+        tail = "\n    ".join(lines[-6:]) if lines else ""
+        if tail and tail not in shown and len(shown) < 3:  # each distinct traceback once, at most three
+            shown.add(tail)
+            print(f"  server traceback, ends:\n    {tail}")
+    for line in [line for line in log.splitlines() if " ERROR " in line][:3]:
+        print(f"  server log: {line[:300]}")
     return 2 if client_errors or tracebacks or error_lines else 0
 
 
