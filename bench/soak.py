@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -351,19 +352,24 @@ async def drive(url: str, args: argparse.Namespace, pid: int, db: Path) -> tuple
         await asyncio.gather(sampler(), *(worker(n) for n in range(args.concurrency)))
         elapsed = time.monotonic() - started
 
-        # Afterwards: does it settle? Every request in flight must end (waited on, with a deadline).
+    # Afterwards: does it settle? Every request in flight must end (waited on, with a deadline). A
+    # fresh client: the traffic's pool may still hold connections that a stuck server never ends.
+    in_flight: tuple[int, dict[str, int]] | str | None = None
+    async with httpx.AsyncClient(base_url=url, timeout=5.0) as client:
         deadline = time.monotonic() + 30
-        in_flight = None
         while time.monotonic() < deadline:
-            health = (await client.get("/api/monitoring/health")).json()
-            connections = (await client.get("/api/resilience/connections")).json()["connections"]
-            in_flight = (health["requests"]["inFlight"], {c["id"]: c["inFlight"] for c in connections})
-            if in_flight[0] == 0 and not any(in_flight[1].values()):
-                break
+            try:
+                health = (await client.get("/api/monitoring/health")).json()
+                connections = (await client.get("/api/resilience/connections")).json()["connections"]
+            except httpx.HTTPError as exc:
+                in_flight = f"the API did not answer: {type(exc).__name__}"
+            else:
+                in_flight = (health["requests"]["inFlight"], {c["id"]: c["inFlight"] for c in connections})
+                if in_flight[0] == 0 and not any(in_flight[1].values()):
+                    break
             await asyncio.sleep(0.1)
-        settled = in_flight is not None and in_flight[0] == 0 and not any(in_flight[1].values())
-        if not settled:
-            tally.error("not settled", f"in flight 30 s after the traffic stopped: {in_flight}")
+    if not (isinstance(in_flight, tuple) and in_flight[0] == 0 and not any(in_flight[1].values())):
+        tally.error("not settled", f"30 s after the traffic stopped: {in_flight}")
     return samples, tally, elapsed
 
 
@@ -415,7 +421,12 @@ def report(
         print(f"  {line}")
     shown: set[str] = set()
     for block in log.split("Traceback (most recent call last):")[1:]:
-        lines = [line for line in block.splitlines() if line.strip()]
+        lines = []
+        for line in block.splitlines():
+            if re.match(r"\d{4}-\d\d-\d\d ", line):  # the next log record: the traceback is over
+                break
+            if line.strip():
+                lines.append(line)
         tail = "\n    ".join(lines[-6:]) if lines else ""
         if tail and tail not in shown and len(shown) < 3:  # each distinct traceback once, at most three
             shown.add(tail)
@@ -438,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sample-seconds", type=float, default=5.0, help="between two /proc readings (default 5)"
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="the checkout whose `omniroute serve` runs (default: this one; e.g. an older export, to compare)",
+    )
     args = parser.parse_args(argv)
     if args.warmup_minutes is None:
         args.warmup_minutes = min(2.0, args.minutes / 5)
@@ -462,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [*command, "serve", "--config", str(config), "--state", str(db)],
-                cwd=ROOT,
+                cwd=args.root,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
