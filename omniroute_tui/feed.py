@@ -7,7 +7,10 @@ unless something changed: bus events, finished requests, the view, or a countdow
 Only the active tab's rows are built; the other tables catch up when they are shown.
 
 The bus subscriber and the log handler only append to a deque: they run on the request path
-(and, for logging, on any thread), so they must be O(1) and must not touch Textual.
+(and, for logging, on any thread), so they must be O(1) and must not touch Textual. The deque is
+bounded: it is drained only by a tick, and no tick runs while the console is paused or a dialog is
+open, which may last hours under traffic. When it overflows, the oldest items are dropped and the
+next drain reloads what they could have changed (see `_push`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ WINDOW_MARGIN: Final = 10
 """Rows above and below a table's screen that get fresh countdowns too (a short scroll)."""
 HISTORY: Final = 1000
 """Events and log lines kept for the Events tab and the detail panes (the bus ring's size)."""
+PENDING_LIMIT: Final = HISTORY
+"""Events and log lines queued between two drains. No more than HISTORY can ever be shown, so an
+overflow only drops items the history would have pushed out anyway; what else they carried (lockout
+changes) is reloaded whole."""
 
 _LogLine = tuple[float, str, str, str]
 _REMAINING = snap.LOCKOUT_REMAINING  # the Remaining column: its sort key is the deadline
@@ -148,7 +155,9 @@ class Feed:
         """True while a modal screen is open: nobody sees the tables, so ticks are skipped."""
         self.history: deque[Entry] = deque(maxlen=HISTORY)
         self.last: Snapshot | None = None
-        self._pending: deque[Event | _LogLine] = deque()
+        self._pending: deque[Event | _LogLine] = deque(maxlen=PENDING_LIMIT)
+        self._overflowed = False
+        """Items were dropped from `_pending` since the last drain: reload what they may have changed."""
         self._log_count = 0
         self._timer: Timer | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -167,8 +176,8 @@ class Feed:
 
     def start(self) -> None:
         for event in self.runtime.bus.after(0):  # what happened before the console opened
-            self._pending.append(event)
-        self._unsubscribe = self.runtime.bus.subscribe(self._pending.append)
+            self._push(event)
+        self._unsubscribe = self.runtime.bus.subscribe(self._push)
         self.request()
         if self.live:
             self._arm()
@@ -184,7 +193,15 @@ class Feed:
 
     def log(self, logger: str, level: str, message: str) -> None:
         """Thread-safe: a log record for the Events tab."""
-        self._pending.append((self.runtime.clock.now(), logger, level, message))
+        self._push((self.runtime.clock.now(), logger, level, message))
+
+    def _push(self, item: Event | _LogLine) -> None:
+        # O(1) and thread-safe enough: deque.append is atomic, and the flag only ever goes to True
+        # here (a race can at worst set it for an append that did not overflow: one extra reload).
+        pending = self._pending
+        if len(pending) >= PENDING_LIMIT:
+            self._overflowed = True  # the append drops the oldest item
+        pending.append(item)
 
     def request(self) -> None:
         """Build a snapshot as soon as the owner is idle, even when paused (the operator asked)."""
@@ -265,6 +282,11 @@ class Feed:
     def _drain(self) -> None:
         pending = self._pending
         history = self.history
+        if self._overflowed:
+            # Lockout events were possibly dropped: the index cannot be patched, reload it whole.
+            # (The history needs nothing: the newest PENDING_LIMIT items are all it can hold.)
+            self._overflowed = False
+            self._lockout_changes = None
         while pending:
             item = pending.popleft()
             if isinstance(item, Event):

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
@@ -59,6 +59,11 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
             )
         return error_response(404, f"no route {request.url.path}", "not_found")
 
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client hung up while sending its body: nobody will read an answer, and it is not a
+        # failure of ours, so it must not reach the log as "unhandled error" with a traceback.
+        return error_response(499, "client disconnected while sending the request", "client_disconnected")
+
     async def internal_error(request: Request, exc: Exception) -> Response:
         # Starlette answers an unhandled exception itself (plain text) before the Guard sees it; this
         # makes that answer our JSON error. The exception is still re-raised and logged by the Guard.
@@ -84,6 +89,11 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
+        exception_handlers={
+            404: not_found,
+            405: not_found,
+            ClientDisconnect: client_gone,
+            Exception: internal_error,
+        },
     )
     return Guard(app, runtime.config.server)

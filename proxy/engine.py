@@ -12,6 +12,7 @@ whose writer thread commits them. The request path never waits for the disk.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,6 +42,13 @@ from proxy.store import BadRecord, MemoryStore, StateStore, StoredState
 # How long a HALF_OPEN provider whose probe is in flight is expected to stay blocked, for the
 # purpose of "when will something recover": the probe usually settles within a second or two.
 PROBE_RECOVERY_ESTIMATE_MS = 1000.0
+
+MAX_SESSION_PINS = 100_000
+"""Session pins kept at most: session ids are the client's choice, so the table needs a ceiling
+beyond which the least recently refreshed pin gives way (it costs that session its affinity)."""
+PIN_PRUNE_STEP = 4
+"""Expired pins a new pin removes on the request path: more than one, so the request path alone
+keeps the table at its live size; a small constant, so no request pays for a large cleanup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +244,7 @@ class Engine:
         bus: EventBus | None = None,
         probe_timeout_ms: float = 120_000,
         max_lockouts: int = MAX_LOCKOUT_ENTRIES,
+        max_session_pins: int = MAX_SESSION_PINS,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.bus = bus or EventBus()
@@ -247,7 +256,9 @@ class Engine:
         self.lockouts = LockoutTable(max_entries=max_lockouts, emit=self._emit, on_drop=self._lockout_dropped)
         self.providers: dict[str, ProviderRuntime] = {}
         self.connections: dict[str, ConnectionRuntime] = {}
-        self.pins: dict[str, tuple[str, float]] = {}
+        self.pins: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        """session -> (connection id, expires_at), least recently refreshed first (see _prune_pins)."""
+        self._max_session_pins = max_session_pins
         self._dirty_breakers: set[str] = set()
         self._dirty_connections: set[str] = set()
         self._dirty_lockouts: set[tuple[str, str, str]] = set()
@@ -333,7 +344,12 @@ class Engine:
                     entries.append(LockoutEntry.from_record(r))
         self.lockouts.restore(entries)
         now = self.clock.now()
-        self.pins = {k: v for k, v in state.pins.items() if v[1] > now and v[0] in self.connections}
+        live = [(k, v) for k, v in state.pins.items() if v[1] > now and v[0] in self.connections]
+        # The stored rows come in any order; pruning relies on the oldest deadline being first.
+        self.pins = OrderedDict(sorted(live, key=lambda item: item[1][1]))
+        # The rest would stay in the database forever: the next persist() deletes their rows.
+        self._dirty_pins.update(k for k in state.pins if k not in self.pins)
+        self._prune_pins(now, len(self.pins))  # over the ceiling (a lowered MAX_SESSION_PINS)
         for conn in self.connections.values():
             if state.meta.get(f"fingerprint:{conn.spec.id}") != conn.spec.fingerprint:
                 self.store.set_meta(f"fingerprint:{conn.spec.id}", conn.spec.fingerprint)
@@ -357,12 +373,34 @@ class Engine:
                 else:
                     upserts.append(entry.to_record())
             self.store.save_lockouts(upserts, deletes)
+        self._prune_pins(self.clock.now(), len(self.pins))
         if self._dirty_pins:
             dirty_p, self._dirty_pins = self._dirty_pins, set()
             self.store.save_pins(
                 {k: self.pins[k] for k in dirty_p if k in self.pins},
                 [k for k in dirty_p if k not in self.pins],
             )
+
+    def _prune_pins(self, now: float, limit: int) -> None:
+        """Drop up to `limit` pins from the front: expired ones, and any beyond the ceiling.
+
+        `pins` is ordered by last refresh (a refresh moves the pin to the end), and with one TTL for
+        all that is also deadline order, so the expired pins are a prefix: this stops at the first
+        live one and never scans the table. After the TTL is lowered, newer pins can expire before
+        older ones; they then wait behind the older ones for at most the old TTL. Each pin is
+        removed once, so the cost is amortised O(1) per pin; persist() deletes the rows.
+        """
+        pins = self.pins
+        ceiling = self._max_session_pins
+        dirty = self._dirty_pins
+        for _ in range(limit):
+            if not pins:
+                return
+            key = next(iter(pins))  # O(1) on an OrderedDict (a plain dict rescans deleted slots)
+            if pins[key][1] > now and len(pins) <= ceiling:
+                return
+            del pins[key]
+            dirty.add(key)
 
     def _settings_changed(self, settings: Settings) -> None:
         now = self.clock.now()
@@ -628,8 +666,11 @@ class Engine:
         if session is not None and outcome.is_success:
             ttl = self.settings.session_ttl_ms()
             if ttl > 0:
-                self.pins[session] = (cid, now + ttl)
+                pins = self.pins
+                pins[session] = (cid, now + ttl)
+                pins.move_to_end(session)
                 self._dirty_pins.add(session)
+                self._prune_pins(now, PIN_PRUNE_STEP)
 
         return Recorded(verdict, outcome.status, client_retry)
 

@@ -227,9 +227,11 @@ def management_routes(runtime: Runtime) -> list[Route]:
             except SettingsError as exc:
                 raise _invalid(exc.fields) from None
             except StoreError as exc:
-                # Not a bug in us: the disk said no. The change was undone; say so, once, without a traceback.
-                log.warning("settings change not saved, so not applied: %s", exc)
-                return error_response(503, f"not saved, so not applied: {exc}", StoreError.code)
+                # Not a bug to hide behind "internal error": the operator must learn that the disk
+                # refused the change, and that the live settings are still the old ones.
+                return error_response(
+                    500, f"settings not saved, nothing changed: {exc}", "settings_not_saved"
+                )
 
         return [
             Route(path, _answers(read), methods=["GET"]),

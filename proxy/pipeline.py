@@ -29,6 +29,7 @@ from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
+from proxy.sse import SSEParser
 from proxy.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -345,7 +346,7 @@ class Pipeline:
 
         async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
-            parser = _SSEParser() if watchdog is not None else None
+            parser = SSEParser() if watchdog is not None else None
             try:
                 yield first
                 if parser is not None and watchdog is not None:
@@ -570,35 +571,7 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-class _SSEParser:
-    """Splits a byte stream into SSE `data:` payloads (only used when the watchdog is on)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, chunk: bytes) -> list[dict[str, Any] | None]:
-        self._buffer += chunk
-        events: list[dict[str, Any] | None] = []
-        while b"\n" in self._buffer:
-            line, _, self._buffer = self._buffer.partition(b"\n")
-            line = line.strip()
-            if not line:
-                continue
-            if not line.startswith(b"data:"):
-                events.append(None)  # comment / ping / other field
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                continue
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                events.append(None)
-                continue
-            events.append(parsed if isinstance(parsed, dict) else None)
-        return events
-
-
-def _observe(parser: _SSEParser, watchdog: ThroughputWatchdog, chunk: bytes, now: float) -> None:
+def _observe(parser: SSEParser, watchdog: ThroughputWatchdog, chunk: bytes, now: float) -> None:
     for event in parser.feed(chunk):
-        watchdog.observe(event, now)
+        # Not JSON, [DONE] and oversize events say nothing about progress: None, as for a ping.
+        watchdog.observe(event.json_object(), now)

@@ -2,13 +2,19 @@
 
 `provider/model` names one target; a combo name expands to its targets; a bare model name goes
 to the first provider whose `/v1/models` lists it, else to the default combo (surface.md §2).
+
+Model lists are cached for a minute per provider, and fetched single-flight: while one fetch of a
+provider's list is in flight every other request that needs it awaits that fetch, so a burst of
+bare-model requests costs the upstream one `/models` call, not one per request. A provider whose
+breaker rejects traffic (OPEN, or HALF_OPEN with its probe out) is not asked at all: it keeps its
+last known list (so its model still routes to it and the client learns the circuit is open), or
+none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -34,6 +40,9 @@ class Router:
         self.engine = engine
         self._list_models = list_models
         self._model_cache: dict[str, tuple[float, list[str]]] = {}
+        """provider -> (engine-clock ms of the fetch, model ids)"""
+        self._fetching: dict[str, asyncio.Task[list[str]]] = {}
+        """provider -> the one fetch of its list in flight"""
         self._combo_targets = {
             name: [_parse_target(t) for t in combo.targets] for name, combo in config.combos.items()
         }
@@ -82,13 +91,32 @@ class Router:
     async def models_of(self, provider: str) -> list[str]:
         """The model ids an upstream lists, cached for a minute (an empty list when it is down)."""
         cached = self._model_cache.get(provider)
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < MODEL_LIST_TTL_S:
+        now = self.engine.clock.now()
+        if cached is not None and now - cached[0] < MODEL_LIST_TTL_S * 1000:
             return cached[1]
+        runtime = self.engine.providers.get(provider)
+        if runtime is not None and not runtime.breaker.can_execute(now):
+            # We stopped sending this provider traffic; a model-list call would be traffic too.
+            return cached[1] if cached is not None else []
+        task = self._fetching.get(provider)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(provider))
+            self._fetching[provider] = task
+            task.add_done_callback(lambda done: self._fetched(provider, done))
+        # Shielded: a client that hangs up cancels its own wait, not the fetch the others await.
+        return await asyncio.shield(task)
+
+    async def _fetch(self, provider: str) -> list[str]:
         models = await self._list_models(provider)
         result = models or []
-        self._model_cache[provider] = (now, result)
+        self._model_cache[provider] = (self.engine.clock.now(), result)
         return result
+
+    def _fetched(self, provider: str, task: asyncio.Task[list[str]]) -> None:
+        if self._fetching.get(provider) is task:
+            del self._fetching[provider]
+        if not task.cancelled():
+            task.exception()  # read here: when every waiter left, nobody else would
 
     def configured_models(self) -> list[str]:
         names: list[str] = []

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,8 @@ from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import SettingsError
 from proxy.resilience.events import EventBus
 from proxy.router import Router, parse_model_list
-from proxy.settings import SECTIONS, Settings, apply_env_overrides, defaults
-from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoreError
+from proxy.settings import Settings, SettingsChange, StaleSettingsChange, apply_env_overrides, defaults
+from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("omniroute")
@@ -96,9 +96,7 @@ class Runtime:
         self.router = Router(config, self.engine, self._list_models)
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
         self._persist_task: asyncio.Task[None] | None = None
-        self._settings_saved = asyncio.Lock()
-        """One settings change at a time from change to disk: two interleaved saves could otherwise
-        leave the older document on disk after both were acknowledged."""
+        self._settings_lock = asyncio.Lock()
 
     @classmethod
     def open(cls, config: Config, state_path: Path | None, **kwargs: Any) -> Runtime:
@@ -143,28 +141,38 @@ class Runtime:
     # ------------------------------------------------------------------ settings
 
     async def patch_settings(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
-        """Validate and apply a settings change, and return once it is on disk (SettingsError if invalid,
-        StoreError if it could not be saved: the change is then undone, since nobody was told it held)."""
-        async with self._settings_saved:
-            before = self.settings.document()
-            result = self.settings.patch(patch, group)
-            await self._save_settings_or_undo(before)
-            return result
+        """Validate a settings change, write it, then apply it; returns once it is both on disk and live.
+
+        SettingsError if invalid, StoreError if the write failed: either way nothing changed.
+        """
+        return await self._change_settings(lambda: self.settings.prepare(patch, group))
 
     async def reset_settings_section(self, section: str) -> dict[str, Any]:
-        async with self._settings_saved:
-            before = self.settings.document()
-            result = self.settings.reset_section(section)
-            await self._save_settings_or_undo(before)
-            return result
+        """`patch_settings` for "Reset defaults": KeyError for an unknown section."""
+        return await self._change_settings(lambda: self.settings.prepare_reset(section))
 
-    async def _save_settings_or_undo(self, before: dict[str, Any]) -> None:
-        try:
-            await asyncio.to_thread(self.store.save_settings, self.settings.document())
-        except StoreError:
-            for group in SECTIONS:
-                self.settings.patch({s: before[s] for s in SECTIONS[group]}, group)
-            raise
+    async def _change_settings(self, prepare: Callable[[], SettingsChange]) -> dict[str, Any]:
+        # The write runs in a task the caller cannot cancel: once the document may be on disk,
+        # memory must follow it, or a client that hung up mid-PATCH would leave the two apart.
+        task = asyncio.ensure_future(self._write_then_commit(prepare))
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _write_then_commit(self, prepare: Callable[[], SettingsChange]) -> dict[str, Any]:
+        # One change at a time, from the merge to the commit: each document is merged onto the one
+        # before it and reaches the disk before the next is merged, so the disk sees the changes in
+        # the order memory does, and an answer is sent only for a change a restart would load.
+        # (Two writes in flight at once could land in either order: the older document would win.)
+        async with self._settings_lock:
+            while True:
+                change = prepare()
+                await asyncio.to_thread(self.store.save_settings, change.document)
+                try:
+                    return self.settings.commit(change)
+                except StaleSettingsChange:
+                    # A memory-only Settings.patch() (start-up code, tests) slipped in during the
+                    # write: merge onto it and write again, so neither change is lost.
+                    continue
 
     # ------------------------------------------------------------------ upstream model lists
 
@@ -186,3 +194,10 @@ class Runtime:
             return parse_model_list(await response.read())
         except UpstreamFailure:
             return None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # The caller may have been cancelled and never read the result: read the error here so that
+    # asyncio does not log "exception was never retrieved" for a failure already answered or logged.
+    if not task.cancelled():
+        task.exception()

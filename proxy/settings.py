@@ -9,6 +9,11 @@ checks every touched field (type, range) and every cross-field rule on the *merg
 either swaps the whole document in one assignment or raises `SettingsError` listing every bad
 field and changes nothing. Readers never see a half-applied change.
 
+A change that must survive a restart is split in two: `prepare()` validates and returns the merged
+document without applying it, the caller writes that document to disk, and `commit()` makes it
+live only then (refusing it if another change went live in between). `Runtime.patch_settings`
+does this for the API and the console, one change at a time, so memory never runs ahead of disk.
+
 Readers on the hot path use the typed views (`breaker_policy()`, `queue()`...): they are built
 once per document version and cached, so calling them per request costs a dict lookup.
 """
@@ -43,6 +48,8 @@ __all__ = [
     "OrderRule",
     "QuotaShareSettings",
     "Settings",
+    "SettingsChange",
+    "StaleSettingsChange",
     "apply_env_overrides",
     "defaults",
     "field",
@@ -375,6 +382,10 @@ def _no_emit(event: Event) -> None:
 _V = TypeVar("_V")
 
 
+class StaleSettingsChange(RuntimeError):
+    """`Settings.commit` of a change prepared on a document version that is no longer live."""
+
+
 class _Version:
     """One immutable document plus the typed views built from it.
 
@@ -387,6 +398,21 @@ class _Version:
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = doc
         self.views: dict[object, object] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsChange:
+    """A validated change that is not live yet (`Settings.prepare` -> write it -> `Settings.commit`)."""
+
+    document: dict[str, Any]
+    """The whole document after the change (every section of both groups): what goes to disk."""
+    group: str
+    reason: str
+    """`patch` or `reset`, as its events say."""
+    changed: tuple[str, ...]
+    """The leaves whose value differs from the version it was prepared on."""
+    base: _Version
+    """That version: commit refuses the change if another one went live in between."""
 
 
 class Settings:
@@ -407,7 +433,9 @@ class Settings:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._emit = emit
         self._listeners: list[Callable[[Settings], None]] = []
-        self._lock = threading.Lock()  # serialises writers only; readers take `_version` as is
+        # Serialises writers only (readers take `_version` as is); patch() holds it from the merge
+        # to the swap, so two memory-only changes cannot be merged onto the same version.
+        self._lock = threading.Lock()
         self._version = _Version(defaults())
         if values:
             merged, errors = self._merge(values, _ALL_SECTIONS)
@@ -435,15 +463,39 @@ class Settings:
         """Apply a partial document atomically and return the group's document after it.
 
         Raises SettingsError (every bad field) and changes nothing when any field is invalid. Else one
-        `settings` event per changed leaf, then the listeners, in that order.
+        `settings` event per changed leaf, then the listeners, in that order. Memory only: a change
+        that must survive a restart goes through `Runtime.patch_settings` (prepare, write, commit).
         """
-        sections = _sections_of(group)
-        self._apply(patch, sections, reason="patch")
+        with self._lock:
+            change = self.prepare(patch, group)
+            old = self._swap(change)
+        self._announce(change, old)
         return self.document(group)
 
     def reset_section(self, section: str) -> dict[str, Any]:
         """Load the defaults back into one section (`providerBreaker`, `modelLockout`) or any subtree of
         one (`providerBreaker.apikey`); returns that section's group document. KeyError if unknown."""
+        with self._lock:
+            change = self.prepare_reset(section)
+            old = self._swap(change)
+        self._announce(change, old)
+        return self.document(change.group)
+
+    def prepare(self, patch: Mapping[str, Any], group: str, *, reason: str = "patch") -> SettingsChange:
+        """Validate a partial document against the live one and return the change, NOT applied yet.
+
+        SettingsError (every bad field) if invalid. The caller writes `change.document` to disk and
+        only then calls `commit(change)`, so memory never runs ahead of what a restart would load.
+        """
+        base = self._version  # one read: the merge and `base` must be the same version
+        merged, errors = self._merge(patch, _sections_of(group), base.doc)
+        if errors:
+            raise SettingsError(errors)
+        changed = tuple(spec.path for spec in SCHEMA if _get(base.doc, spec.path) != _get(merged, spec.path))
+        return SettingsChange(merged, group, reason, changed, base)
+
+    def prepare_reset(self, section: str) -> SettingsChange:
+        """`prepare` for `reset_section`: KeyError if `section` is not a section or subtree of one."""
         parts = tuple(section.split("."))
         node: Any = defaults()
         for part in parts:
@@ -455,30 +507,47 @@ class Settings:
         patch: dict[str, Any] = {}
         _set(patch, parts, node)
         group = next(g for g, names in SECTIONS.items() if parts[0] in names)
-        self._apply(patch, SECTIONS[group], reason="reset")
-        return self.document(group)
+        return self.prepare(patch, group, reason="reset")
+
+    def commit(self, change: SettingsChange) -> dict[str, Any]:
+        """Make a prepared change live; returns its group's document after it.
+
+        StaleSettingsChange (and nothing changes) if the document moved since `prepare`: the change
+        was merged onto a version that is gone, so applying it would silently undo the other change.
+        Then one `settings` event per changed leaf, then the listeners, in that order.
+        """
+        with self._lock:
+            if self._version is not change.base:
+                raise StaleSettingsChange("the settings changed since this change was prepared")
+            old = self._swap(change)
+        self._announce(change, old)
+        return self.document(change.group)
+
+    def _swap(self, change: SettingsChange) -> dict[str, Any] | None:
+        """Make `change` the live version (the caller holds `_lock`); the old document, None if no-op."""
+        if not change.changed:
+            return None
+        old = self._version.doc
+        self._version = _Version(change.document)
+        return old
+
+    def _announce(self, change: SettingsChange, old: dict[str, Any] | None) -> None:
+        # Outside the lock: a listener may read the settings, and events reach any subscriber.
+        if old is None:
+            return
+        now = self._clock.now()
+        for path in change.changed:
+            from_, to = _get(old, path), _get(change.document, path)
+            self._emit(
+                Event(
+                    ts=now, layer="settings", key=path, from_=said(from_), to=said(to), reason=change.reason
+                )
+            )
+        self._notify()
 
     def add_listener(self, fn: Callable[[Settings], None]) -> None:
         """`fn(settings)` runs after every successful change (the engine re-applies its policies)."""
         self._listeners.append(fn)
-
-    def _apply(self, patch: Mapping[str, Any], sections: tuple[str, ...], reason: str) -> None:
-        with self._lock:
-            merged, errors = self._merge(patch, sections)
-            if errors:
-                raise SettingsError(errors)
-            old = self._version.doc
-            changed = [spec.path for spec in SCHEMA if _get(old, spec.path) != _get(merged, spec.path)]
-            if not changed:
-                return
-            self._version = _Version(merged)
-        now = self._clock.now()
-        for path in changed:
-            from_, to = _get(old, path), _get(merged, path)
-            self._emit(
-                Event(ts=now, layer="settings", key=path, from_=said(from_), to=said(to), reason=reason)
-            )
-        self._notify()
 
     def _notify(self) -> None:
         # Every listener runs even if one fails: the change is already live, and a listener that
@@ -493,9 +562,9 @@ class Settings:
             raise first_error
 
     def _merge(
-        self, patch: Mapping[str, Any], sections: tuple[str, ...]
+        self, patch: Mapping[str, Any], sections: tuple[str, ...], base: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], list[FieldError]]:
-        merged = _copy(self._version.doc)
+        merged = _copy(self._version.doc if base is None else base)
         errors: list[FieldError] = []
         if not isinstance(patch, Mapping):
             return merged, [FieldError("", "must be an object")]

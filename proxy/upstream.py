@@ -20,6 +20,11 @@ from proxy.resilience.outcome import Outcome
 # must not make us buffer them.
 MAX_ERROR_BODY = 64 * 1024
 
+MAX_UPSTREAM_BODY_BYTES = 256 * 1024 * 1024
+"""A non-streaming answer is buffered whole before it is relayed, so it needs a ceiling. 256 MiB
+holds the largest real answers (a 2,048-input batch of 3,072-dimension embeddings as JSON is about
+120 MB); past it the attempt fails like a dropped connection instead of growing without end."""
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
@@ -39,20 +44,50 @@ class UpstreamFailure(Exception):
 class UpstreamResponse:
     """An upstream response whose headers have arrived; the body is read on demand."""
 
-    __slots__ = ("_response", "headers", "status")
+    __slots__ = ("_body_timeout_ms", "_response", "headers", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, body_timeout_ms: float) -> None:
+        """`body_timeout_ms`: how long `read()` may take for the whole body, from the headers on."""
         self._response = response
+        self._body_timeout_ms = body_timeout_ms
         self.status = response.status
         self.headers: Mapping[str, str] = {k.lower(): v for k, v in response.headers.items()}
 
     async def read(self) -> bytes:
+        """The whole body: within `body_timeout_ms` of the headers and at most MAX_UPSTREAM_BODY_BYTES.
+
+        The idle timeout alone cannot end a body that trickles (keep-alive pings on a non-streaming
+        request reset it with every byte): the request would never end, and its buffer would grow
+        for as long as the upstream went on. Either bound failing is an UpstreamFailure.
+        """
+        limit = MAX_UPSTREAM_BODY_BYTES
+        response = self._response
+        deadline = asyncio.timeout(self._body_timeout_ms / 1000)
         try:
-            return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if response.content_length is not None and response.content_length > limit:
+                raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
+            chunks: list[bytes] = []
+            size = 0
+            async with deadline:
+                async for chunk in response.content.iter_any():
+                    size += len(chunk)
+                    if size > limit:
+                        raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
+                    chunks.append(chunk)
+        except TimeoutError as exc:
+            response.close()
+            if deadline.expired():  # ours; the idle timeout (sock_read) is a TimeoutError too
+                message = f"upstream body not complete within {self._body_timeout_ms:g} ms of its headers"
+                raise UpstreamFailure(Outcome.stall(message)) from exc
             raise UpstreamFailure(_network_outcome(exc)) from exc
-        finally:
-            self._response.release()
+        except (aiohttp.ClientError, OSError) as exc:
+            response.close()
+            raise UpstreamFailure(_network_outcome(exc)) from exc
+        except BaseException:
+            response.close()  # an unread body cannot go back to the pool
+            raise
+        response.release()
+        return b"".join(chunks)
 
     async def read_error_text(self) -> str:
         try:
@@ -129,7 +164,8 @@ class UpstreamClient:
             raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
-        return UpstreamResponse(response)
+        # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
+        return UpstreamResponse(response, limit * 1000)
 
 
 def _network_outcome(exc: BaseException) -> Outcome:

@@ -369,6 +369,64 @@ def test_stream_pings_are_cut_by_fake_reset(fake: FakeUpstream, client: httpx.Cl
     wait_until(lambda: fake.in_flight == 0)
 
 
+# faults for the chaos test: after the headers, slow, broken, huge, in bursts
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reset_after_headers_answers_200_then_resets(
+    fake: FakeUpstream, client: httpx.Client, stream: bool
+) -> None:
+    fake.script(Reply("reset_after_headers"))
+    with client.stream("POST", "/chat/completions", json={**CHAT, "stream": stream}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith(
+            "text/event-stream" if stream else "application/json"
+        )
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+            response.read()
+    assert client.post("/chat/completions", json=CHAT).status_code == 200  # the server lives on
+
+
+def test_drip_sends_a_healthy_stream_a_few_bytes_at_a_time(fake: FakeUpstream, client: httpx.Client) -> None:
+    fake.script(Reply("drip", chunks=2, drip_bytes=16, delay_ms=1))
+    pieces: list[bytes] = []
+    with client.stream("POST", "/chat/completions", json={**CHAT, "stream": True}) as response:
+        pieces.extend(response.iter_raw())
+    assert len(pieces) > 10 and max(len(p) for p in pieces) <= 16 * 4  # dripped (a read may join a few)
+    events = sse_data(b"".join(pieces).decode().splitlines())
+    assert [e["choices"][0]["delta"].get("content") for e in events[:-1]] == ["hi", "hi", None]
+    assert events[-1] == "[DONE]"
+
+
+def test_drip_of_a_json_answer(fake: FakeUpstream, client: httpx.Client) -> None:
+    fake.script(Reply("drip", drip_bytes=64))
+    assert client.post("/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"] == (
+        "hello from up1"
+    )
+
+
+def test_invalid_json_is_a_200_that_does_not_parse(fake: FakeUpstream, client: httpx.Client) -> None:
+    fake.script(Reply("invalid_json"))
+    response = client.post("/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    with pytest.raises(json.JSONDecodeError):
+        response.json()
+
+
+def test_big_is_a_five_megabyte_completion(fake: FakeUpstream, client: httpx.Client) -> None:
+    fake.script(Reply("big"))
+    response = client.post("/chat/completions", json=CHAT)
+    assert len(response.content) > 5 * 1024 * 1024
+    assert len(response.json()["choices"][0]["message"]["content"]) == 5 * 1024 * 1024
+
+
+def test_burst_scripts_consecutive_502s(fake: FakeUpstream, client: httpx.Client) -> None:
+    fake.burst(3)
+    statuses = [client.post("/chat/completions", json=CHAT).status_code for _ in range(4)]
+    assert statuses == [502, 502, 502, 200]
+
+
 # concurrency
 
 

@@ -20,6 +20,7 @@ from proxy.settings import (
     ComboWaitSettings,
     QuotaShareSettings,
     Settings,
+    StaleSettingsChange,
     apply_env_overrides,
     defaults,
     field,
@@ -496,6 +497,41 @@ def test_every_listener_runs_even_if_one_raises() -> None:
 
 
 # -- reset_section --------------------------------------------------------------------------------
+
+
+def test_a_prepared_change_is_not_live_until_committed() -> None:
+    events: list[Event] = []
+    settings = make(events)
+    change = settings.prepare({"sessionAffinity": {"ttlMs": 5000}}, "resilience")
+
+    assert change.changed == ("sessionAffinity.ttlMs",)
+    assert change.document["sessionAffinity"] == {"ttlMs": 5000}
+    assert settings.session_ttl_ms() == 0 and events == []
+
+    assert settings.commit(change)["sessionAffinity"] == {"ttlMs": 5000}
+    assert settings.session_ttl_ms() == 5000
+    assert [(e.key, e.to) for e in events] == [("sessionAffinity.ttlMs", "5000")]
+
+
+def test_a_change_prepared_on_an_older_version_is_refused_not_applied() -> None:
+    """Committing it would silently undo the change that went live in between."""
+    settings = make()
+    stale = settings.prepare({"sessionAffinity": {"ttlMs": 5000}}, "resilience")
+    settings.patch({"requestQueue": {"maxQueueDepth": 3}}, "resilience")
+
+    with pytest.raises(StaleSettingsChange):
+        settings.commit(stale)
+
+    assert settings.session_ttl_ms() == 0
+    assert settings.queue().max_queue_depth == 3
+
+
+def test_prepare_rejects_like_patch() -> None:
+    settings = make()
+    with pytest.raises(SettingsError):
+        settings.prepare({"sessionAffinity": {"ttlMs": -1}}, "resilience")
+    with pytest.raises(KeyError):
+        settings.prepare_reset("nope")
 
 
 def test_reset_section_brings_the_defaults_back_with_events() -> None:

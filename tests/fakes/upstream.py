@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,7 +32,20 @@ from tests.fakes.server import TRANSPORT_SCOPE_KEY
 
 __all__ = ["FakeUpstream", "RecordedRequest", "Reply", "ReplyKind"]
 
-ReplyKind = Literal["json", "error", "reset", "hang", "stream", "stream_die", "stream_pings", "slow_headers"]
+ReplyKind = Literal[
+    "json",
+    "error",
+    "reset",
+    "hang",
+    "stream",
+    "stream_die",
+    "stream_pings",
+    "slow_headers",
+    "reset_after_headers",
+    "drip",
+    "invalid_json",
+    "big",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,12 @@ class Reply:
       apart, then a finish_reason "stop" chunk and `data: [DONE]`.
     - stream_die: like stream, but the connection is closed after `die_after` chunks (truncated body).
     - stream_pings: SSE that only sends `: ping` comments every `delay_ms` (1 s when 0), forever.
+    - reset_after_headers: a 200 with the headers of the answer the request asked for (SSE when it
+      has `"stream": true`, else JSON), then a TCP reset before any byte of the body.
+    - drip: the answer the request asked for (the `chunks`-event SSE stream, or the JSON completion),
+      sent `drip_bytes` at a time, `delay_ms` apart: a slow but healthy upstream.
+    - invalid_json: a 200 `application/json` whose body is not JSON.
+    - big: a 200 JSON completion whose message content is `size` bytes (default 5 MiB).
     """
 
     kind: ReplyKind
@@ -60,6 +79,8 @@ class Reply:
     chunk_text: str = "hi"
     delay_ms: float = 0
     die_after: int = 2
+    drip_bytes: int = 1
+    size: int = 5 * 1024 * 1024
 
 
 JSON_OK = Reply("json")
@@ -91,6 +112,13 @@ class FakeUpstream:
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.models_delay_ms = 0.0
+        """How long GET /v1/models takes to answer (to hold a listing in flight while others arrive)."""
+        self.chooser: Callable[[str | None], Reply] | None = None
+        """When set, picks the reply of every completion request without a `by_model` rule (ahead of
+        the script and the default): endless random faults for a soak. Called under a lock."""
+        self.recording = True
+        """False: `requests` stays empty (a long soak would otherwise keep every request it sent)."""
         self._lock = threading.Lock()  # tests script from their thread while the server thread picks
         self._queue: deque[Reply] = deque()
         self._by_model: dict[str, Reply] = {}
@@ -113,6 +141,10 @@ class FakeUpstream:
     def default(self, reply: Reply) -> None:
         with self._lock:
             self._default = reply
+
+    def burst(self, count: int, status: int = 502) -> None:
+        """Script `count` consecutive error answers with `status` (a 502 burst by default)."""
+        self.script(*(Reply("error", status=status) for _ in range(count)))
 
     def by_model(self, model: str, reply: Reply) -> None:
         with self._lock:
@@ -144,6 +176,8 @@ class FakeUpstream:
         with self._lock:
             if model is not None and model in self._by_model:
                 return self._by_model[model]
+            if self.chooser is not None:
+                return self.chooser(model)
             if self._queue:
                 return self._queue.popleft()
             return self._default
@@ -154,6 +188,8 @@ class FakeUpstream:
             payload = json.loads(raw) if raw else None
         except ValueError:
             payload = None
+        if not self.recording:
+            return payload
         headers = {name.lower(): value for name, value in request.headers.items()}
         self.requests.append(
             RecordedRequest(request.method, request.url.path, headers, payload, time.monotonic(), raw)
@@ -173,10 +209,18 @@ class FakeUpstream:
         if reply.kind == "error":
             body = reply.body if reply.body is not None else _openai_error(reply.status, self.name)
             return _body_response(body, reply)
+        if reply.kind == "invalid_json":
+            return Response(b'{"id": "broken", "choices": [{"mess', media_type="application/json")
+        if reply.kind == "big":
+            completion = call.completion()
+            completion["choices"][0]["message"]["content"] = "x" * reply.size
+            return JSONResponse(completion)
         return _Act(reply, call, self._release)
 
     async def _list_models(self, request: Request) -> Response:
         await self._record(request)
+        if self.models_delay_ms:
+            await asyncio.sleep(self.models_delay_ms / 1000)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": self.name} for m in self.models]
         return JSONResponse({"object": "list", "data": data})
 
@@ -266,6 +310,10 @@ class _Call:
     payload: Any
     seq: int
 
+    @property
+    def wants_stream(self) -> bool:
+        return isinstance(self.payload, dict) and self.payload.get("stream") is True
+
     def completion(self) -> dict[str, Any]:
         created = int(time.time())
         usage = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
@@ -344,6 +392,13 @@ class _Act:
         reply = self.reply
         if reply.kind == "reset":
             await _drop(scope, receive, reset=True)
+        elif reply.kind == "reset_after_headers":
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
+            await _drop(scope, receive, reset=True)
+        elif reply.kind == "drip":
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
+            if await _race(scope, receive, self.release, self._drip(send)) == "released":
+                await _drop(scope, receive, reset=False)
         elif reply.kind in ("hang", "slow_headers"):
             pause = asyncio.sleep(reply.delay_ms / 1000) if reply.kind == "slow_headers" else None
             outcome = await _race(scope, receive, self.release, pause)
@@ -358,6 +413,27 @@ class _Act:
             outcome = await _race(scope, receive, self.release, self._stream(send))
             if outcome == "released" or (outcome == "done" and reply.kind == "stream_die"):
                 await _drop(scope, receive, reset=False)
+
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        kind = b"text/event-stream" if self.call.wants_stream else b"application/json"
+        return [
+            (b"content-type", kind),
+            *((k.lower().encode(), v.encode()) for k, v in self.reply.headers.items()),
+        ]
+
+    async def _drip(self, send: Send) -> None:
+        reply, call = self.reply, self.call
+        if call.wants_stream:
+            events = [call.chunk(reply.chunk_text, first=i == 0) for i in range(reply.chunks)]
+            body = b"".join(events) + call.chunk(None, first=not events) + b"data: [DONE]\n\n"
+        else:
+            body = json.dumps(call.completion()).encode()
+        step = max(1, reply.drip_bytes)
+        for start in range(0, len(body), step):
+            if start:
+                await asyncio.sleep(reply.delay_ms / 1000)
+            await send({"type": "http.response.body", "body": body[start : start + step], "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, send: Send) -> None:
         reply, call = self.reply, self.call

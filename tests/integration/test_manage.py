@@ -964,7 +964,7 @@ async def test_with_a_token_remote_clients_need_it(guarded_app: Callable[[str | 
     assert body["status"] == "healthy"
 
 
-def test_a_settings_change_the_disk_refuses_is_a_503_and_not_applied(
+def test_a_settings_change_the_disk_refuses_is_a_500_with_the_reason_and_not_applied(
     make_instance: Callable[..., Instance], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Only a change that a restart would keep is acknowledged (issue #21): with the disk full,
@@ -977,10 +977,12 @@ def test_a_settings_change_the_disk_refuses_is_a_503_and_not_applied(
             fill_up(disk)
             patch = {"providerBreaker": {"local": {"resetTimeoutMs": 1000}}}
             response = proxy.send("PATCH", "/api/resilience", patch)
-            assert response.status_code == 503, response.text
+            assert response.status_code == 500, response.text  # the reason, never an "internal error"
             error = response.json()["error"]
-            assert error["code"] == "state_store_error"
-            assert error["message"].startswith(f"not saved, so not applied: {state}: cannot save settings")
+            assert error["code"] == "settings_not_saved"
+            assert error["message"].startswith(
+                f"settings not saved, nothing changed: {state}: cannot save settings"
+            )
             assert "the disk is full" in error["message"]
             assert ok_json(proxy.get("/api/resilience")) == before
             assert proxy.engine.providers["alpha"].breaker.policy.reset_timeout_ms == 15000
