@@ -506,3 +506,17 @@ async def test_ctrl_s_at_80x24_says_saved_where_it_can_be_seen() -> None:
         assert app.runtime.settings.document("resilience")["requestQueue"]["maxWaitMs"] == 12000
         toast = list(app._notifications)[-1]
         assert toast.message == "Saved Request Queue: requestQueue.maxWaitMs"
+
+
+async def test_keys_typed_before_the_filter_input_has_focus_reach_it() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "3")
+        await pilot.press("slash")
+        await pilot.pause()
+        assert isinstance(app.screen, FilterScreen)
+        app.set_focus(None)  # as between the screen's arrival and its input taking the focus
+        await pilot.press("g", "r", "o", "q", "enter")
+        await settle(pilot)
+        assert app.feed.views["connections"].filter == "groq"
+        assert shown_keys(app, "connections") == ["groq-1"]
