@@ -100,6 +100,8 @@ class OmniRouteApp(App[int]):
         self._quitting = False
         self._visited: set[str] = {"overview"}
         self._palette_action: tuple[str, actions.Verb, bool] | None = None
+        self._going_to: tuple[str, str] | None = None
+        """(tab, row key) to put the cursor on once that tab's rows arrive (enter on an event)."""
         """A table action from the command palette, waiting for its tab's rows."""
         self.status = StatusHeader()
         self.tabs = TabbedContent(initial="overview", id="tabs")
@@ -215,6 +217,11 @@ class OmniRouteApp(App[int]):
             self.overview.apply(snapshot.overview)
         if snapshot.table is not None:
             self.panes[snapshot.table.name].apply(snapshot.table)
+            going = self._going_to
+            if going is not None and going[0] == snapshot.table.name:
+                self._going_to = None
+                if not self.table(going[0]).select_key(going[1]):
+                    self.notify("It is gone: no such row any more", severity="warning")
             pending = self._palette_action
             if pending is not None and pending[0] == snapshot.table.name:
                 self._palette_action = None
@@ -236,6 +243,14 @@ class OmniRouteApp(App[int]):
             self.query_one("#settings-placeholder").remove()
             self.query_one("#settings", TabPane).mount(settings_pane(self.runtime, self.read_only))
         self.refresh_bindings()
+        self.feed.request()
+
+    @on(EventsTable.GoTo)
+    def _go_to(self, message: EventsTable.GoTo) -> None:
+        self._going_to = (message.tab, message.key)
+        views = self.feed.views
+        views[message.tab] = View("", views[message.tab].sort, views[message.tab].reverse)  # show it
+        self.action_show_tab(message.tab)
         self.feed.request()
 
     @on(ResourceTable.Scrolled)

@@ -453,9 +453,24 @@ def event_entry(event: Event) -> Entry:
         cells=(fmt.clock_time(event.ts), visible(event.layer), key, change, reason),
         sort_keys=(event.ts, event.layer, key, change, reason),
         style=style,
+        target=event_target(event.layer, event.key),
         search=_search(event.layer, key, change, reason),
     )
     return Entry(row, event.layer, event.key)
+
+
+def event_target(layer: str, key: str) -> tuple[str, ...]:
+    """Where `enter` on an event goes: (tab, row key) of its breaker, connection or lockout."""
+    if layer == "breaker":
+        return ("breakers", key)
+    if layer == "connection":
+        return ("connections", key)
+    if layer == "lockout":
+        # Provider and connection ids hold no colon (config ids); a model may ("llama3:70b").
+        parts = key.split("\x1f") if "\x1f" in key else key.split(":", 2)
+        if len(parts) == 3:
+            return ("lockouts", lockout_key(*parts))
+    return ()
 
 
 def log_entry(n: int, ts: float, logger: str, level: str, message: str) -> Entry:

@@ -308,6 +308,14 @@ class ResourceTable(ScrollView, can_focus=True):
 
     # -- moving the cursor -------------------------------------------------------------------------
 
+    def select_key(self, key: str) -> bool:
+        """Put the cursor on the row `key`; False when the table does not hold it."""
+        index = self._index.get(key)
+        if index is None:
+            return False
+        self.move_to(index)
+        return True
+
     def move_to(self, index: int) -> None:
         if not self.rows:
             return
@@ -465,6 +473,30 @@ class EventsTable(ResourceTable):
     TABLE = "events"
     NOUN = "event"
     FOLLOWS_TOP = True  # newest first: on the newest row, the cursor follows what happens next
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "enter",
+            "go_to",
+            "Go to",
+            tooltip="Show the breaker, connection or lockout of this event",
+            id="event-go-to",
+        ),
+    ]
+
+    class GoTo(Message):
+        """Show row `key` of tab `tab` (an event's breaker, connection or lockout)."""
+
+        def __init__(self, tab: str, key: str) -> None:
+            super().__init__()
+            self.tab = tab
+            self.key = key
+
+    def action_go_to(self) -> None:
+        row = self.selected_row
+        if row is None or len(row.target) != 2:
+            self.notify("This event has no row to go to", severity="warning")
+            return
+        self.post_message(self.GoTo(*row.target))
 
 
 TABLE_CLASSES: tuple[type[ResourceTable], ...] = (BreakersTable, ConnectionsTable, LockoutsTable, EventsTable)

@@ -520,3 +520,20 @@ async def test_keys_typed_before_the_filter_input_has_focus_reach_it() -> None:
         await settle(pilot)
         assert app.feed.views["connections"].filter == "groq"
         assert shown_keys(app, "connections") == ["groq-1"]
+
+
+@pytest.mark.parametrize("tab", ["breakers", "connections", "lockouts"])
+async def test_enter_on_an_event_goes_to_its_row(tab: str) -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "6")
+        events = app.table("events")
+        index = next(i for i, row in enumerate(events.rows) if row.target[:1] == (tab,))
+        key = events.rows[index].target[1]
+        events.move_to(index)
+        await pilot.press("enter")
+        await settle(pilot)
+        await settle(pilot)
+        assert app.active_tab == tab
+        selected = app.table(tab).selected_row
+        assert selected is not None and selected.key == key
