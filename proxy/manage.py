@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.openapi import openapi_route
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
@@ -256,4 +257,5 @@ def management_routes(runtime: Runtime) -> list[Route]:
         *settings_routes("/api/resilience", "resilience"),
         *settings_routes("/api/settings", "settings"),
         Route("/api/events", _answers(events), methods=["GET"]),
+        openapi_route(),
     ]
