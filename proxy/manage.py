@@ -1,4 +1,4 @@
-"""The management API (surface.md §3): thin handlers over the engine and the settings.
+"""The management API (docs/api.md#the-management-api): thin handlers over the engine and the settings.
 
 Each handler parses its input, calls one engine or runtime method, and answers with the camelCase
 shapes OmniRoute's dashboard uses. Authentication happens before any of this, in `proxy.guard`.
