@@ -1,4 +1,4 @@
-"""Cost of one routing decision plus recording its outcome (quality.md §3: median <= 20 µs).
+"""Cost of one routing decision plus recording its outcome (docs/performance.md: median <= 20 µs).
 
     python bench/engine.py                 # 100 providers, 1,000 connections; 1k / 10k / 100k lockouts
     python bench/engine.py --iterations 50000

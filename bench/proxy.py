@@ -1,4 +1,4 @@
-"""The proxy speed bars of quality.md §3, in one command and one run: read the ratios, not the times.
+"""The proxy speed bars of docs/performance.md, in one command and one run: read the ratios, not the times.
 
     python bench/proxy.py                                # everything (about 2 minutes)
     python bench/proxy.py --seconds 1 --rounds 2 --connections 1,8 --skip-stream   # a quick look
@@ -53,7 +53,7 @@ from typing import Any, TextIO
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# 18080 is fixed in nginx-upstream.conf; the others match the shared harness where it has them.
+# 18080 is fixed in nginx-upstream.conf; the others are fixed loopback ports of this benchmark.
 UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = 18080, 18090, 14002, 14010, 14000
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
 TARGETS = ("direct", "floor", "omniroute", "cooling", "flapping", "litellm")
@@ -98,7 +98,7 @@ id = "flapping-1"
 api_key = "sk-bench-flapping"
 """
 
-# The bars (quality.md §3).
+# The bars (docs/performance.md#the-bars).
 BAR_FLOOR_THROUGHPUT = 0.60
 BAR_ADDED_P50 = 2.0
 BAR_LITELLM = 20.0
@@ -410,7 +410,7 @@ class Report:
 
     def print_bars(self) -> None:
         self.line()
-        self.line("bars (quality.md §3)")
+        self.line("bars (docs/performance.md)")
         width = max(len(b[0]) for b in self.bars) if self.bars else 10
         for name, bar, measured, met in self.bars:
             verdict = "n/a" if met is None else ("meets" if met else "MISSES")

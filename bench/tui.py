@@ -1,4 +1,4 @@
-"""The console's cost, against the bars of quality.md §3, in one command:
+"""The console's cost, against the bars of docs/performance.md, in one command:
 
     python bench/tui.py                      # about 4 minutes
     python bench/tui.py --seconds 5 --rounds 1
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  could not run: {exc}")
             failed = True
 
-    print("\nfigures against the bars (quality.md §3)")
+    print("\nfigures against the bars (docs/performance.md)")
     if runs:
         # `omniroute serve` freezes its startup heap out of the cyclic GC before serving (serve.py),
         # and so does the console (app.py): the bar compares with that headless proxy. The same

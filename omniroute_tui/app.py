@@ -1,4 +1,4 @@
-"""`omniroute tui`: the proxy and its operator console in one process (surface.md §5).
+"""`omniroute tui`: the proxy and its operator console in one process (docs/console.md).
 
 The app wires the parts and routes messages; it holds no business logic. `Feed` reads the engine
 and posts `SnapshotReady`; the app hands each part down to its widget. Widgets post

@@ -146,7 +146,7 @@ class Entry:
     """The bus key (`provider:connection:model` for a lockout), to find a row's history."""
 
 
-# -- columns (surface.md §5) ----------------------------------------------------------------------
+# -- columns (docs/console.md) --------------------------------------------------------------------
 
 COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     "breakers": (

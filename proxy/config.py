@@ -5,7 +5,7 @@ program with one clear message, never a traceback: every problem is collected in
 reported together, each line naming the file and the dotted key (or the line, for TOML syntax
 errors), so the operator can fix them all at once.
 
-Schema (surface.md §1): `[server]`, `[providers.<id>]` with `[[providers.<id>.connections]]`,
+Schema (docs/configuration.md): `[server]`, `[providers.<id>]` with `[[providers.<id>.connections]]`,
 `[[providers.<id>.restate]]` and `[providers.<id>.headers]`, and `[combos.<name>]`.
 """
 
@@ -122,7 +122,7 @@ class ServerConfig:
         """Why binding `host` (default: the configured one) must be refused, or None when it is safe.
 
         A non-loopback bind exposes the proxy and its management API, so it needs both a management token
-        and client api_keys (quality.md §4)."""
+        and client api_keys (docs/operations.md#opening-to-a-lan)."""
         host = self.host if host is None else host
         if is_loopback_host(host) or (self.management_token and self.api_keys):
             return None

@@ -177,7 +177,8 @@ class NoTarget:
     @property
     def not_found_only(self) -> bool:
         """Every candidate is locked because the upstream answered 404 for the model: the answer is
-        a 404, never a 429 (resilience.md §7), since no wait makes the model exist."""
+        a 404, never a 429, since no wait makes the model exist
+        (docs/resilience.md#answers-when-nothing-can-serve)."""
         relevant = [s for s in self.skips if s.reason != "already_tried"]
         return bool(relevant) and all(s.lock_reason == NOT_FOUND for s in relevant)
 
@@ -421,7 +422,7 @@ class Engine:
         tried: Iterable[str] = (),
         session: str | None = None,
     ) -> Attempt | NoTarget:
-        """Pick the first target with an eligible connection (resilience.md §7).
+        """Pick the first target with an eligible connection (docs/resilience.md#routing-and-fallback).
 
         Skips a provider whose breaker rejects, then picks a connection that is enabled, not
         cooling, not terminal and not locked for the model: a live session pin first, then free
@@ -538,7 +539,8 @@ class Engine:
         return [*targets[start:], *targets[:start]]
 
     def limiter_for(self, conn: ConnectionRuntime, provider: ProviderRuntime) -> RequestLimiter | None:
-        """The request-queue limiter of a connection, if the limiter applies to it (resilience.md §6)."""
+        """The request-queue limiter of a connection, if the limiter applies to it
+        (docs/resilience.md#request-queue)."""
         queue = self.settings.queue()
         enabled = provider.spec.rate_limit
         if enabled is None:

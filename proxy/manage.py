@@ -1,4 +1,4 @@
-"""The management API (surface.md §3): thin handlers over the engine and the settings.
+"""The management API (docs/api.md#the-management-api): thin handlers over the engine and the settings.
 
 Each handler parses its input, calls one engine or runtime method, and answers with the camelCase
 shapes OmniRoute's dashboard uses. Authentication happens before any of this, in `proxy.guard`.
@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.openapi import openapi_route
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
@@ -258,4 +259,5 @@ def management_routes(runtime: Runtime) -> list[Route]:
         *settings_routes("/api/resilience", "resilience"),
         *settings_routes("/api/settings", "settings"),
         Route("/api/events", _answers(events), methods=["GET"]),
+        openapi_route(),
     ]

@@ -1,9 +1,10 @@
 """One client request, end to end: parse → select → admit → upstream → record → respond.
 
-The attempt loop follows resilience.md §7: try targets and connections in order, fall back on a
-fallback outcome, wait out short transient blocks (cooldown-aware retry) and answer with the
-statuses of §6–7 when nothing is left. Streams are relayed chunk by chunk; before the first
-byte a failed attempt may still fall back, after it the stream ends with an error event.
+The attempt loop (docs/resilience.md#routing-and-fallback): try targets and connections in order,
+fall back on a fallback outcome, wait out short transient blocks (cooldown-aware retry) and answer
+with the statuses of docs/resilience.md#answers-when-nothing-can-serve when nothing is left.
+Streams are relayed chunk by chunk; before the first byte a failed attempt may still fall back,
+after it the stream ends with an error event.
 """
 
 from __future__ import annotations
@@ -425,7 +426,7 @@ class Pipeline:
             for s in decision.skips
         )
         if decision.not_found_only:
-            # resilience.md §7: a model that every candidate answered 404 for is not found, and no
+            # A model that every candidate answered 404 for is not found, and no
             # Retry-After would make it appear; a 429 would only invite the client to retry.
             return error_response(
                 404, f"no target serves this model: {why}", "model_not_found", skipped=skipped

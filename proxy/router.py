@@ -1,7 +1,8 @@
 """Model addressing: turn the `model` a client sent into an ordered list of targets.
 
 `provider/model` names one target; a combo name expands to its targets; a bare model name goes
-to the first provider whose `/v1/models` lists it, else to the default combo (surface.md §2).
+to the first provider whose `/v1/models` lists it, else to the default combo
+(docs/resilience.md#routing-and-fallback).
 
 Model lists are cached for a minute per provider, and fetched single-flight: while one fetch of a
 provider's list is in flight every other request that needs it awaits that fetch, so a burst of

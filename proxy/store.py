@@ -1,4 +1,6 @@
-"""Persistence of engine state and settings (resilience.md §11) behind one small interface.
+"""Persistence of engine state and settings behind one small interface.
+
+What it promises: docs/resilience.md#persistence-and-restarts.
 
 `StateStore` is what the layers see; `SqliteStore` is the real one and `MemoryStore` serves tests
 and `--demo`. A shared backend (Redis, for several replicas) would be a third implementation.

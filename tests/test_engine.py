@@ -1,5 +1,5 @@
 """The engine as a whole: routing decisions, outcome recording across layers, operator actions,
-persistence. Fake clock throughout; acceptance case numbers refer to resilience.md §12."""
+persistence. Fake clock throughout; acceptance case numbers refer to docs/resilience.md#acceptance-cases."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     },
 }
 
-# (path, min, max) of every integer field, as the spec writes them.
+# (path, min, max) of every integer field, as docs/resilience.md writes them.
 INT_RANGES: list[tuple[str, int, int]] = [
     ("requestQueue.requestsPerMinute", 1, 1_000_000),
     ("requestQueue.minTimeBetweenRequestsMs", 0, 3_600_000),

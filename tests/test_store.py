@@ -1,4 +1,7 @@
-"""State store: round trips, write-behind coalescing, durability, crash safety (resilience.md §11)."""
+"""State store: round trips, write-behind coalescing, durability, crash safety.
+
+What it promises: docs/resilience.md#persistence-and-restarts.
+"""
 
 from __future__ import annotations
 

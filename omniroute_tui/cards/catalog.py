@@ -1,7 +1,7 @@
 """What each settings card edits and what it tells the operator: data, no widgets.
 
 A card is a list of blocks; a block is one settings subtree (`requestQueue`) plus the three lines
-that explain its layer (Scope / Trigger / Effect, from resilience.md). The fields themselves are
+that explain its layer (Scope / Trigger / Effect, as in docs/resilience.md). The fields themselves are
 never listed here: they are read from `proxy.settings.SCHEMA` by prefix, so a field added to the
 schema shows up on its card with its default and range, and a range is written down only once.
 """

@@ -26,7 +26,8 @@ CARD_MIN_WIDTH = 80
 
 
 class SettingsPane(VerticalScroll):
-    """The cards of surface.md §5. It reads and patches `runtime.settings` and follows its events."""
+    """The cards of docs/console.md#the-settings-tab. It reads and patches `runtime.settings`, and follows
+    its events."""
 
     DEFAULT_CSS = """
     SettingsPane {

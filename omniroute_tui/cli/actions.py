@@ -1,7 +1,7 @@
 """Operator actions: `reset breaker|connection`, `reenable`, `enable`, `disable`.
 
 The same actions as the console's `r`, `R` and `e` keys, each one management call per name
-(surface.md §3). Like kubectl and gh, every action takes several names, and all of them are
+(docs/api.md#the-management-api). Like kubectl and gh, every action takes several names, and all of them are
 checked against the instance before the first is acted on: one unknown name exits 5 naming it and
 nothing changes. `--json` prints the API's answer unchanged for one name, and the list of answers,
 in the order given, for several (and for `reset connection --all`, which has no bulk route).

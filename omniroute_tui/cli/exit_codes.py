@@ -1,7 +1,7 @@
 """What `omniroute` exits with, and the one place an exception becomes an exit code and a message.
 
 stdout is data; every failure is one line on stderr that says what to do next, and an exit code a
-script can branch on (surface.md §4). Commands raise `CliError` subclasses; the edge
+script can branch on (docs/cli.md#exit-codes). Commands raise `CliError` subclasses; the edge
 (`omniroute_tui.cli.edge`) prints `message_for(exc)` and exits with `exit_code_for(exc)`.
 """
 

@@ -1,10 +1,12 @@
-"""Provider circuit breaker (resilience.md §1): one per provider, skips a provider that keeps failing.
+"""Provider circuit breaker: one per provider, skips a provider that keeps failing.
+
+The rules: docs/resilience.md#provider-circuit-breaker.
 
 CLOSED ─failures─▶ DEGRADED ─failures─▶ OPEN ─timeout─▶ HALF_OPEN ─probe ok─▶ CLOSED
    ▲                  │                   ▲                 │
    └────recovered─────┘                   └───probe failed──┘
 
-The breaker never classifies: the caller reports only provider-level outcomes (§4) and says
+The breaker never classifies: the caller reports only provider-level outcomes (see classify.py) and says
 whether the request was the half-open probe. There is no timer and no lock: an OPEN breaker
 becomes HALF_OPEN on the first read after its timeout (lazy recovery), and every method runs to
 completion without awaiting, so concurrent asyncio tasks cannot interleave inside one.
@@ -204,7 +206,7 @@ class CircuitBreaker:
             self.last_failure_at = now
             self._open(now, "probe_failed")
         # Otherwise a late failure while OPEN/HALF_OPEN: it must neither extend the timeout nor
-        # bump the cycle count (rule 6), or a burst of in-flight failures would lengthen the outage.
+        # bump the cycle count, or a burst of in-flight failures would lengthen the outage.
 
     def release_probe(self, now: float, probe: int) -> None:
         """The probe ended without a verdict (disconnect, 4xx, local rejection): free its slot."""
@@ -330,7 +332,7 @@ class CircuitBreaker:
         self._probe_owner = 0
 
     def _follow_count(self, now: float, reason: str) -> None:
-        """In CLOSED/DEGRADED the state is a function of the failure count (rule 2)."""
+        """In CLOSED/DEGRADED the state is a function of the failure count."""
         count = self.failure_count
         if count >= self.policy.failure_threshold:
             self._open(now, reason)

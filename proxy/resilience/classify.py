@@ -1,6 +1,6 @@
-"""Classify one upstream outcome (resilience.md §4): what each layer records, and whether to fall back.
+"""Classify one upstream outcome (docs/resilience.md#classification-of-an-outcome): what each layer records.
 
-Runs after status restatement (restate.py). The rows below are the spec's table, in its order;
+Runs after status restatement (restate.py). The rows below are that table's, in its order;
 the first matching row wins. A verdict only says what should happen; the layers apply it.
 """
 
@@ -66,11 +66,12 @@ _BANNED = _words(
     "has been banned",
     "account disabled",
 )
-# Terminal verdicts end only by an operator's hand, so their markers are narrow (resilience.md §2
-# rule 4): credits_exhausted only for texts that say the balance, the credits or the plan is used
-# up. A bare "quota exceeded" or "billing" is not enough: Google's per-minute rate limits say
-# "Quota exceeded for quota metric ... per minute", and Gemini's free tier even opens its
-# per-minute 429 with OpenAI's "exceeded your current quota, please check your plan and billing".
+# Terminal verdicts end only by an operator's hand, so their markers are narrow
+# (docs/resilience.md#terminal-states): credits_exhausted only for texts that say the balance, the
+# credits or the plan is used up. A bare "quota exceeded" or "billing" is not enough: Google's
+# per-minute rate limits say "Quota exceeded for quota metric ... per minute", and Gemini's free
+# tier even opens its per-minute 429 with OpenAI's "exceeded your current quota, please check your
+# plan and billing".
 _CREDITS = _words(
     "insufficient_quota",
     "exceeded your current quota",
@@ -154,7 +155,7 @@ _NETWORK = _pair(_B.FAILURE, _C.COOLDOWN, "network_error")
 _STALL = _pair(_B.FAILURE, _C.COOLDOWN, "stall")
 _TIMEOUT = _pair(_B.FAILURE, _C.COOLDOWN, "timeout")
 _SERVER = _pair(_B.FAILURE, _C.COOLDOWN, "server_error")
-# A 5xx outside the breaker's list (501, 505, 529...): not provider-level by §1 rule 1, but the
+# A 5xx outside the breaker's list (501, 505, 529...): not a provider-level failure, but the
 # client did nothing wrong, so another target may serve; it locks only if the operator lists it.
 _OTHER_SERVER = _pair(_B.NONE, _C.NONE, "server_error")
 _BANNED_V = Verdict(_B.NONE, _C.BANNED, _L.NONE, True, "banned", False)
@@ -214,7 +215,7 @@ def _classify_status(status: int, body: str, per_model_quota: bool, lockout: Loc
             return _EXPIRED_V
         if status == 429:
             # Per-model quotas lock the model whatever the lockout list and master switch say: the
-            # connection stays in service for its other models (§3 rule 2).
+            # connection stays in service for its other models (docs/resilience.md#model-lockout).
             return _MODEL_QUOTA if per_model_quota else _RATE_LIMITED[lockout.counts(429)]
         return _FORBIDDEN[lockout.counts(403)]
     if status == 404:

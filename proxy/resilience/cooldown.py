@@ -1,7 +1,7 @@
 """Connection cooldown: skip one bad credential while the provider's other connections serve.
 
-One `ConnectionHealth` per connection (resilience.md §2). Transient failures cool it with an
-exponential backoff (or the upstream's own retry hint); terminal states (`banned`, `expired`,
+One `ConnectionHealth` per connection (docs/resilience.md#connection-cooldown). Transient failures
+cool it with an exponential backoff (or the upstream's own retry hint); terminal states (`banned`, `expired`,
 `credits_exhausted`) last until an operator reset or a credential change, never until a success;
 `disabled` is the operator's switch and sits on top of everything else. Recovery is lazy: a deadline in the past
 simply reads as `active`, so no timer ever runs.
@@ -185,7 +185,8 @@ class ConnectionHealth:
         # Hot path: a healthy connection has nothing to clear, so return before touching anything.
         # A terminal connection takes no traffic, so a success it reports comes from a request that
         # was already in flight when the verdict came: it says nothing about the credential now,
-        # and only an operator reset or a credential change ends a terminal state (§2 rule 4).
+        # and only an operator reset or a credential change ends a terminal state
+        # (docs/resilience.md#terminal-states).
         if self.terminal is not None or (
             self.last_error_at is None and self.rate_limited_until is None and self.backoff_level == 0
         ):

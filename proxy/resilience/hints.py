@@ -1,7 +1,7 @@
 """Upstream retry hints: how long an upstream asked us to wait, in milliseconds.
 
-Forms, first found wins (resilience.md §2 rule 2): `retry-after-ms`, `retry-after` (seconds or an
-HTTP date), `x-ratelimit-reset-requests` / `x-ratelimit-reset-tokens` (Go durations such as
+Forms, first found wins (docs/resilience.md#connection-cooldown): `retry-after-ms`, `retry-after`
+(seconds or an HTTP date), `x-ratelimit-reset-requests` / `x-ratelimit-reset-tokens` (Go durations such as
 "6m0s"), `x-ratelimit-reset` (an epoch), then phrases in the error body ("try again in 20s").
 A value that is negative or does not parse is skipped so the next form still gets its chance.
 """

@@ -1,4 +1,6 @@
-"""Request queue per provider+connection (resilience.md §6): concurrency, pacing, admission, deadline.
+"""Request queue per provider+connection: concurrency, pacing, admission, deadline.
+
+For operators: docs/resilience.md#request-queue.
 
 A request joins one FIFO line. The request at the head waits for a concurrency slot and for the
 two rate rules (`min_time_between_requests_ms` since the previous dispatch; at most

@@ -1,10 +1,12 @@
-"""Model lockout (resilience.md §3): one missing or quota-limited model must not take its connection down.
+"""Model lockout: one missing or quota-limited model must not take its connection down.
+
+The rules: docs/resilience.md#model-lockout.
 
 The scope is the triple provider:connection:model. A lock is a deadline, so recovery is lazy: once
 `expires_at` has passed the triple is eligible again without any timer. The entry itself stays in
 the table after it expires, because its failure count and timestamps decide whether the next
 failure escalates; it leaves on success decay, on an operator re-enable, or when a full table
-prunes it. The table never classifies: the caller decides that an outcome locks (section 4).
+prunes it. The table never classifies: the caller decides that an outcome locks (its classification).
 
 Clients choose model names (`provider/<anything>`), so `not_found` locks are the one kind a client
 can mint at will. They share a budget per provider+connection (`NOT_FOUND_BUDGET`): a new one beyond
@@ -299,9 +301,10 @@ class LockoutTable:
             and now < entry.expires_at
             and started_at <= entry.locked_at
         ):
-            # Anti-thundering-herd (§3 rule 1, as for cooldowns): the requests that were in flight
-            # when the triple locked fail too; they say nothing new about the model, so they
-            # neither count nor escalate nor extend the lock. Only a longer explicit hint does.
+            # Anti-thundering-herd (as for cooldowns; docs/resilience.md#model-lockout): the requests
+            # that were in flight when the triple locked fail too; they say nothing new about the
+            # model, so they neither count nor escalate nor extend the lock. Only a longer explicit
+            # hint does.
             return self._herd_failure(key, entry, now, settings, status, reason, hint_ms)
         not_found = reason == NOT_FOUND
         if entry is None:

@@ -1,4 +1,6 @@
-"""Upstream status restatement (resilience.md §8): fix gateways that report quota exhaustion wrongly.
+"""Upstream status restatement: fix gateways that report quota exhaustion wrongly.
+
+The rules: docs/resilience.md#status-restatement.
 
 Some gateways answer a temporary quota exhaustion with 403 or 400 and a tell-tale text. A rule
 turns such an answer into the status it means (usually 429) before classification, so the
@@ -12,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-MAX_RETRY_AFTER_MS = 24 * 60 * 60 * 1000  # the same ceiling as upstream retry hints (§2 rule 2)
+MAX_RETRY_AFTER_MS = 24 * 60 * 60 * 1000  # the same ceiling as upstream retry hints (hints.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,7 @@ class RestatementRule:
     exclude: tuple[str, ...] = ()
     """...unless any one of these is there too."""
     retry_after_ms: int | None = None
-    """What the client is told to wait; the engine's own cooldowns still follow sections 2-3."""
+    """What the client is told to wait; the engine's own cooldowns and lockouts still follow their rules."""
 
     def matches(self, status: int, lowered_body: str) -> bool:
         return (

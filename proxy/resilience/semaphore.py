@@ -1,4 +1,6 @@
-"""Per-connection quota-share semaphore (resilience.md §5): at most `limit` requests in flight.
+"""Per-connection quota-share semaphore: at most `limit` requests in flight.
+
+The rules: docs/resilience.md#per-connection-concurrency.
 
 It is FAIL-OPEN: a request is never rejected here. When the wait queue already holds
 `queue_depth` callers, or the wait outlasts `timeout_ms`, `acquire()` returns False and the

@@ -1,4 +1,6 @@
-"""Stream throughput watchdog (resilience.md §9): abort a stream that trickles without saying much.
+"""Stream throughput watchdog: abort a stream that trickles without saying much.
+
+For operators: docs/resilience.md#streams-and-the-throughput-watchdog.
 
 A pure function of the events observed and the time; the relay feeds it and asks it. Exact rules:
 

@@ -1,4 +1,4 @@
-"""The demo (surface.md §6): the real proxy against the simulated upstreams, with every layer moving.
+"""The demo (docs/console.md#the-demo): the real proxy against the simulated upstreams, every layer moving.
 
 The flaky upstream runs on a compressed schedule (3 s failing / 3 s healthy) and the local breaker and
 cooldown profiles are shortened, so the whole DEGRADED -> OPEN -> HALF_OPEN -> CLOSED cycle happens in

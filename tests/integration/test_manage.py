@@ -1,4 +1,6 @@
-"""The management API (surface.md §3) over real HTTP: every route, its exact shape, auth, and bad input.
+"""The management API over real HTTP: every route, its exact shape, auth, and bad input.
+
+The routes: docs/api.md#the-management-api.
 
 Each test runs a real proxy (uvicorn, SQLite state, FakeClock; see conftest.py). Engine states are
 set by driving the layers directly between requests, then read back through the API.

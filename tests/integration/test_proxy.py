@@ -808,7 +808,7 @@ def test_case_30_stream_failing_after_its_first_byte_ends_with_error_event_and_d
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad input (surface.md §2)
+# Bad input (docs/api.md#the-proxy-api)
 
 
 @pytest.fixture

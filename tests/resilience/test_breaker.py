@@ -1,4 +1,4 @@
-"""Provider circuit breaker: resilience.md §1 and acceptance cases 1-10 of §12."""
+"""Provider circuit breaker: docs/resilience.md#provider-circuit-breaker and acceptance cases 1-10."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ OFF = LockoutSettings()
 
 B, C, L = BreakerEffect, ConnectionEffect, LockoutEffect
 
-# (id, outcome, per_model_quota, lockout settings, expected verdict), in the order of the §4 table.
+# (id, outcome, per_model_quota, lockout settings, expected verdict), in the order of the table in
+# docs/resilience.md#classification-of-an-outcome.
 ROWS = [
     ("200", Outcome.ok(), False, ON, Verdict(B.SUCCESS, C.CLEAR, L.DECAY, False, "ok", False)),
     ("204", Outcome.ok(204), False, OFF, Verdict(B.SUCCESS, C.CLEAR, L.DECAY, False, "ok", False)),

@@ -1,0 +1,484 @@
+"""`GET /api/openapi.json`: the OpenAPI 3.1 description of every route this server answers.
+
+Written by hand, except the settings documents, which are built from `proxy.settings.SCHEMA` like
+everything else that shows a setting (defaults and ranges included). `tests/integration/
+test_openapi.py` checks it against the real routes and validates real answers against its schemas,
+so it cannot drift from the code. The prose behind it is docs/api.md.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy import __version__
+from proxy.settings import INT_LIST_MAX_ITEMS, SCHEMA, SECTIONS, FieldSpec
+
+__all__ = ["PATH", "document", "openapi_route"]
+
+PATH = "/api/openapi.json"
+
+Schema = dict[str, Any]
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(properties: dict[str, Schema], *, optional: tuple[str, ...] = (), closed: bool = True) -> Schema:
+    """An object with these properties, all required but `optional`; `closed`: no others."""
+    schema: Schema = {"type": "object", "properties": properties}
+    required = [name for name in properties if name not in optional]
+    if required:
+        schema["required"] = required
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _nullable(kind: str, **extra: Any) -> Schema:
+    return {"type": [kind, "null"], **extra}
+
+
+_INT: Schema = {"type": "integer"}
+_STR: Schema = {"type": "string"}
+_BOOL: Schema = {"type": "boolean"}
+_TIME: Schema = _nullable(
+    "string", format="date-time", description="ISO 8601 UTC, e.g. 2026-01-01T00:00:00.000Z"
+)
+_MS: Schema = {"type": "integer", "minimum": 0, "description": "milliseconds"}
+_CLASS: Schema = {"type": "string", "enum": ["oauth", "apikey", "local"]}
+_BREAKER_STATE: Schema = {"type": "string", "enum": ["CLOSED", "DEGRADED", "OPEN", "HALF_OPEN"]}
+_SKIP_REASONS = (
+    "circuit_open", "probe_in_flight", "cooling", "locked", "banned", "expired", "credits_exhausted",
+    "disabled", "no_connection", "unknown_provider", "already_tried",
+)  # fmt: skip
+_CONNECTION_STATUS: Schema = {
+    "type": "string",
+    "enum": ["active", "cooling", "banned", "expired", "credits_exhausted", "disabled"],
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings documents, from the schema.
+
+
+def _leaf(spec: FieldSpec) -> Schema:
+    schema: Schema
+    if spec.kind == "bool":
+        schema = {"type": "boolean"}
+    elif spec.kind == "int":
+        schema = {"type": "integer", "minimum": spec.min, "maximum": spec.max}
+    else:
+        schema = {
+            "type": "array",
+            "maxItems": INT_LIST_MAX_ITEMS,
+            "items": {"type": "integer", "minimum": spec.min, "maximum": spec.max},
+        }
+    default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+    return {**schema, "default": default, "description": spec.help}
+
+
+def _settings_schema(group: str, *, partial: bool) -> Schema:
+    """The document of one API group; `partial`: a PATCH body, where every key is optional."""
+    tree: dict[str, Any] = {}
+    for spec in SCHEMA:
+        parts = spec.path.split(".")
+        if parts[0] not in SECTIONS[group]:
+            continue
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = spec
+
+    def build(node: dict[str, Any]) -> Schema:
+        properties = {
+            name: _leaf(child) if isinstance(child, FieldSpec) else build(child)
+            for name, child in node.items()
+        }
+        return _obj(properties, optional=tuple(properties) if partial else ())
+
+    return build(tree)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes of the answers.
+
+
+def _schemas() -> dict[str, Schema]:
+    return {
+        "Error": _obj(
+            {
+                "error": _obj(
+                    {
+                        "message": _STR,
+                        "type": _STR,
+                        "code": _STR,
+                        "fields": {"type": "array", "items": _ref("FieldError")},
+                        "skipped": {"type": "array", "items": _ref("Skip")},
+                    },
+                    optional=("fields", "skipped"),
+                )
+            }
+        ),
+        "FieldError": _obj(
+            {"field": {**_STR, "description": "dotted path; empty for the body as a whole"}, "message": _STR}
+        ),
+        "Skip": _obj(
+            {
+                "target": {**_STR, "description": "provider/model"},
+                "connectionId": _nullable("string"),
+                "reason": {"type": "string", "enum": list(_SKIP_REASONS)},
+                "retryAfterMs": _nullable("integer", minimum=0),
+            }
+        ),
+        "Breaker": _obj(
+            {
+                "provider": _STR,
+                "class": _CLASS,
+                "state": _BREAKER_STATE,
+                "failureCount": _INT,
+                "degradationThreshold": _INT,
+                "failureThreshold": _INT,
+                "retryAfterMs": _MS,
+                "openCycleCount": _INT,
+                "lastFailure": _TIME,
+                "lastTransition": _TIME,
+            }
+        ),
+        "Connection": _obj(
+            {
+                "id": _STR,
+                "provider": _STR,
+                "name": _STR,
+                "class": _CLASS,
+                "priority": _INT,
+                "enabled": _BOOL,
+                "status": _CONNECTION_STATUS,
+                "rateLimitedUntil": _TIME,
+                "cooldownRemainingMs": _MS,
+                "backoffLevel": _INT,
+                "lastError": _nullable("string"),
+                "lastErrorType": _nullable("string"),
+                "errorCode": _nullable("integer"),
+                "lastErrorAt": _TIME,
+                "maxConcurrent": _nullable("integer"),
+                "inFlight": _INT,
+                "apiKey": _nullable("string", description="masked: sk-…abcd"),
+                "lockouts": {
+                    "type": "array",
+                    "items": _obj({"model": _STR, "reason": _STR, "remainingMs": _MS}),
+                },
+            }
+        ),
+        "Lockout": _obj(
+            {
+                "provider": _STR,
+                "connectionId": _STR,
+                "model": _STR,
+                "reason": _STR,
+                "status": _nullable("integer"),
+                "failureCount": _INT,
+                "remainingMs": _MS,
+                "lockedAt": _TIME,
+                "expiresAt": _TIME,
+            }
+        ),
+        "LockoutTable": _obj(
+            {
+                "size": _INT,
+                "capacity": _INT,
+                "full": _BOOL,
+                "notFound": _INT,
+                "notFoundBudget": _INT,
+                "evicted": _INT,
+                "refused": _INT,
+            }
+        ),
+        "Health": _obj(
+            {
+                "status": {"type": "string", "enum": ["healthy", "degraded"]},
+                "timestamp": _TIME,
+                "uptimeMs": _MS,
+                "version": _STR,
+                "circuitBreakers": _obj(
+                    {"open": _INT, "halfOpen": _INT, "degraded": _INT, "closed": _INT, "total": _INT}
+                ),
+                "providerBreakers": {"type": "array", "items": _ref("Breaker")},
+                "providerHealth": {
+                    "type": "object",
+                    "additionalProperties": _obj(
+                        {"state": _BREAKER_STATE, "failures": _INT, "lastFailure": _TIME}
+                    ),
+                },
+                "connections": _obj(
+                    {"total": _INT, "active": _INT, "coolingDown": _INT, "terminal": _INT, "disabled": _INT}
+                ),
+                "lockouts": {"type": "array", "items": _ref("Lockout")},
+                "lockoutTable": _ref("LockoutTable"),
+                "requests": _obj({"total": _INT, "ok": _INT, "failed": _INT, "inFlight": _INT}),
+            }
+        ),
+        "Event": _obj(
+            {
+                "seq": _INT,
+                "ts": {"type": "number", "description": "epoch milliseconds"},
+                "layer": {
+                    "type": "string",
+                    "enum": ["breaker", "connection", "lockout", "settings", "operator"],
+                },
+                "key": _STR,
+                "from": _STR,
+                "to": _STR,
+                "reason": _STR,
+            }
+        ),
+        "ResilienceSettings": _settings_schema("resilience", partial=False),
+        "ResilienceSettingsPatch": _settings_schema("resilience", partial=True),
+        "LockoutSettings": _settings_schema("settings", partial=False),
+        "LockoutSettingsPatch": _settings_schema("settings", partial=True),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations.
+
+
+def _json(schema: Schema, description: str) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> Schema:
+    return _json(_ref("Error"), description)
+
+
+_GUARDED = {
+    "401": _error("a management token is set and the request does not carry it (`unauthorized`)"),
+    "403": _error("no management token is set and the client is not on loopback (`forbidden`)"),
+}
+_BODY = {
+    "400": _error("malformed JSON, not an object, or bad fields (`invalid_request`, with `fields`)"),
+    "413": _error("body larger than 1 MiB (`request_too_large`)"),
+}
+_GUARDED_V1 = _error("`server.api_keys` is set and the request carries none of them (`invalid_api_key`)")
+_NOT_FOUND = {"404": _error("no such provider, connection or model (`not_found`)")}
+
+
+def _op(
+    summary: str,
+    ok: Schema,
+    *,
+    errors: dict[str, Schema] | None = None,
+    body: Schema | None = None,
+    parameters: list[Schema] | None = None,
+    tag: str = "management",
+) -> Schema:
+    operation: Schema = {"tags": [tag], "summary": summary, "responses": {"200": ok, **(errors or {})}}
+    if tag == "management":
+        operation["responses"].update(_GUARDED)
+        operation["security"] = [{}, {"managementToken": []}]
+    else:
+        operation["security"] = [{}, {"clientApiKey": []}]
+    if body is not None:
+        operation["requestBody"] = {"required": False, "content": {"application/json": {"schema": body}}}
+    if parameters:
+        operation["parameters"] = parameters
+    return operation
+
+
+_ID = {"name": "id", "in": "path", "required": True, "schema": _STR, "description": "a connection id"}
+
+
+def _settings_path(group: str, name: str, card: str) -> Schema:
+    whole, patch = _ref(name), _ref(name + "Patch")
+    return {
+        "get": _op(f"The {card} settings, every key", _json(whole, "the document")),
+        "patch": _op(
+            f"Change some {card} settings, atomically (deep merge)",
+            _json(whole, "the document after the change, already on disk"),
+            errors={
+                **_BODY,
+                "500": _error("the change could not be saved, so nothing changed (`settings_not_saved`)"),
+            },
+            body=patch,
+        ),
+    }
+
+
+def _proxy_op(summary: str) -> Schema:
+    request = {"type": "object", "required": ["model"], "properties": {"model": _STR, "stream": _BOOL}}
+    return _op(
+        summary,
+        {
+            "description": "the upstream's answer, relayed (a stream is relayed chunk by chunk)",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        },
+        errors={
+            "400": _error("not JSON, not an object, or no `model` (`invalid_json`, `invalid_request`, `missing_model`)"),
+            "401": _GUARDED_V1,
+            "404": _error("no such model or connection (`model_not_found`, `connection_not_found`)"),
+            "413": _error("body larger than 32 MiB (`request_too_large`)"),
+            "429": _error("everything is cooling (`all_targets_cooling`), or a full request queue (`RATE_LIMIT_QUEUE_FULL`)"),
+            "502": _error("the last upstream could not be reached (`upstream_unreachable`)"),
+            "503": _error("`provider_circuit_open` or `all_targets_unavailable`"),
+            "504": _error("no response headers within requestQueue.maxWaitMs (`RATE_LIMIT_EXECUTION_TIMEOUT`)"),
+        },
+        body=request,
+        tag="proxy",
+    )  # fmt: skip
+
+
+def _paths() -> dict[str, Schema]:
+    ok_count = _obj({"ok": {"const": True}, "resetCount": _INT})
+    return {
+        "/v1/chat/completions": {"post": _proxy_op("OpenAI chat completions, routed through the engine")},
+        "/v1/completions": {"post": _proxy_op("OpenAI completions, routed through the engine")},
+        "/v1/embeddings": {"post": _proxy_op("OpenAI embeddings, routed through the engine")},
+        "/v1/models": {
+            "get": _op(
+                "Combos, configured targets, and what each upstream lists",
+                _json(
+                    _obj(
+                        {
+                            "object": {"const": "list"},
+                            "data": {
+                                "type": "array",
+                                "items": _obj(
+                                    {"id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR}
+                                ),
+                            },
+                        }
+                    ),
+                    "the model list",
+                ),
+                errors={"401": _GUARDED_V1},
+                tag="proxy",
+            )
+        },
+        "/api/monitoring/health": {
+            "get": _op("Overview: status, breakers, connection counts, lockouts, requests", _json(_ref("Health"), "health")),
+            "delete": _op(
+                "Reset every breaker to CLOSED",
+                _json(_obj({"success": {"const": True}, "resetCount": _INT}), "how many breakers"),
+            ),
+        },
+        "/api/resilience/reset": {
+            "post": _op(
+                "Reset one breaker (`{provider}`) or all (`{}`)",
+                _json(ok_count, "how many breakers"),
+                errors={**_BODY, **_NOT_FOUND},
+                body=_obj({"provider": _STR}, optional=("provider",)),
+            )
+        },
+        "/api/resilience/connections": {
+            "get": _op(
+                "Every connection",
+                _json(_obj({"connections": {"type": "array", "items": _ref("Connection")}}), "the connections"),
+            )
+        },
+        "/api/resilience/connections/{id}/reset": {
+            "post": _op(
+                "Clear a connection's cooldown, backoff, errors and terminal state",
+                _json(_obj({"ok": {"const": True}, "connection": _ref("Connection")}), "the connection after"),
+                errors=_NOT_FOUND,
+                parameters=[_ID],
+            )
+        },
+        "/api/providers/{id}": {
+            "put": _op(
+                "Clear a cooldown (`rateLimitedUntil: null`) and/or enable or disable (`isActive`)",
+                _json(_obj({"connection": _ref("Connection")}), "the connection after"),
+                errors={**_BODY, **_NOT_FOUND},
+                body=_obj({"rateLimitedUntil": {"type": "null"}, "isActive": _BOOL}, optional=("rateLimitedUntil", "isActive")),
+                parameters=[_ID],
+            )
+        },
+        "/api/resilience/model-cooldowns": {
+            "get": _op(
+                "Active model lockouts, longest first",
+                _json(_obj({"items": {"type": "array", "items": _ref("Lockout")}}), "the lockouts"),
+            ),
+            "delete": _op(
+                "Lift lockouts: one model (`{provider, model}`), on one connection (`connectionId`), or all",
+                _json(_obj({"ok": {"const": True}, "removed": _INT}), "how many were lifted"),
+                errors={**_BODY, **_NOT_FOUND},
+                body={
+                    "oneOf": [
+                        _obj({"provider": _STR, "model": _STR, "connectionId": _STR}, optional=("connectionId",)),
+                        _obj({"all": {"const": True}}),
+                    ]
+                },
+            ),
+        },
+        "/api/resilience": _settings_path("resilience", "ResilienceSettings", "resilience"),
+        "/api/settings": _settings_path("settings", "LockoutSettings", "model lockout"),
+        "/api/events": {
+            "get": _op(
+                "Recent state changes, oldest first",
+                _json(_obj({"events": {"type": "array", "items": _ref("Event")}}), "events after `after`"),
+                errors={"400": _error("`after` is not a non-negative integer (`invalid_request`)")},
+                parameters=[
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0, "default": 0},
+                        "description": "only events with a greater `seq`",
+                    }
+                ],
+            )
+        },
+        PATH: {"get": _op("This document", _json({"type": "object"}, "OpenAPI 3.1"))},
+    }  # fmt: skip
+
+
+@cache
+def _text() -> bytes:
+    return json.dumps(document(), ensure_ascii=False).encode()
+
+
+def document() -> dict[str, Any]:
+    """The whole OpenAPI document, as a fresh dict."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "omniroute",
+            "version": __version__,
+            "description": "An OpenAI-compatible proxy with resilience layers (/v1) and its management API "
+            "(/api). Times are ISO 8601 UTC, durations integer milliseconds. See docs/api.md.",
+        },
+        "tags": [
+            {"name": "proxy", "description": "OpenAI-compatible routes"},
+            {"name": "management", "description": "state, operator actions and settings"},
+        ],
+        "paths": _paths(),
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {
+                "managementToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "server.management_token; without one, /api answers loopback clients only",
+                },
+                "clientApiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "one of server.api_keys, when any are set",
+                },
+            },
+        },
+    }
+
+
+async def _serve(request: Request) -> Response:
+    return Response(_text(), media_type="application/json")
+
+
+def openapi_route() -> Route:
+    """`GET /api/openapi.json`, for the management API's route list."""
+    return Route(PATH, _serve, methods=["GET"])

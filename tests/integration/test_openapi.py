@@ -1,0 +1,249 @@
+"""`GET /api/openapi.json` against the real server: the same routes, and real answers fit its schemas.
+
+A route added to the app without being described (or described without existing) fails here, and
+so does a field added to (or dropped from) an answer: the schemas are closed (no other properties).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from proxy.app import create_app
+from proxy.openapi import PATH, document
+from proxy.settings import SCHEMA, defaults
+from tests.fakes import FakeUpstream
+
+if TYPE_CHECKING:  # fixtures hand these out; conftest modules are not imported by tests
+    from collections.abc import Callable
+
+    from tests.integration.conftest import Instance
+
+TOKEN = "openapi-token-0123456789"
+METHODS = {"get", "put", "post", "delete", "patch"}
+
+
+# ---------------------------------------------------------------------------------------------
+# A small JSON Schema checker: the subset the document uses.
+
+
+def problems(value: Any, schema: dict[str, Any], doc: dict[str, Any], where: str = "$") -> list[str]:
+    """Every way `value` breaks `schema`, each naming the path in the value."""
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/components/schemas/")
+        return problems(value, doc["components"]["schemas"][name], doc, where)
+    if "oneOf" in schema:
+        fits = [s for s in schema["oneOf"] if not problems(value, s, doc, where)]
+        return [] if len(fits) == 1 else [f"{where}: fits {len(fits)} of the oneOf schemas"]
+    found: list[str] = []
+    if "const" in schema and value != schema["const"]:
+        found.append(f"{where}: {value!r} is not {schema['const']!r}")
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not any(_is(value, kind) for kind in kinds):
+            return [*found, f"{where}: {value!r} is not {' or '.join(kinds)}"]
+    if "enum" in schema and value not in schema["enum"]:
+        found.append(f"{where}: {value!r} not in {schema['enum']}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            found.append(f"{where}: {value} < {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            found.append(f"{where}: {value} > {schema['maximum']}")
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                found.append(f"{where}: missing {name!r}")
+        extra = schema.get("additionalProperties", True)
+        for name, item in value.items():
+            if name in properties:
+                found += problems(item, properties[name], doc, f"{where}.{name}")
+            elif extra is False:
+                found.append(f"{where}: unexpected {name!r}")
+            elif isinstance(extra, dict):
+                found += problems(item, extra, doc, f"{where}.{name}")
+    if isinstance(value, list):
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            found.append(f"{where}: more than {schema['maxItems']} items")
+        for index, item in enumerate(value):
+            found += problems(item, schema.get("items", {}), doc, f"{where}[{index}]")
+    return found
+
+
+def _is(value: Any, kind: str) -> bool:
+    return {
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+        "string": isinstance(value, str),
+        "boolean": isinstance(value, bool),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+        "null": value is None,
+    }[kind]
+
+
+def answer_schema(doc: dict[str, Any], path: str, method: str, status: int) -> dict[str, Any]:
+    response = doc["paths"][path][method]["responses"][str(status)]
+    schema: dict[str, Any] = response["content"]["application/json"]["schema"]
+    return schema
+
+
+def fits(doc: dict[str, Any], response: httpx.Response, path: str, method: str) -> None:
+    assert response.headers["content-type"] == "application/json", response.text
+    schema = answer_schema(doc, path, method, response.status_code)
+    assert problems(response.json(), schema, doc) == [], (path, method, response.status_code)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _routes(instance: Instance) -> set[tuple[str, str]]:
+    assert instance.runtime is not None
+    app: Any = create_app(instance.runtime, manage_lifecycle=False)  # the served app's twin: same routes
+    while not hasattr(app, "routes"):  # the Guard wraps the Starlette app
+        app = app.app
+    return {
+        (route.path, method.lower())
+        for route in app.routes
+        for method in route.methods or ()
+        if method != "HEAD"  # Starlette adds HEAD to every GET by itself
+    }
+
+
+def test_the_document_describes_exactly_the_routes_the_server_has(
+    make_instance: Callable[..., Instance],
+) -> None:
+    proxy = make_instance(token=TOKEN)
+    served = proxy.get(PATH)
+    assert served.status_code == 200 and served.headers["content-type"] == "application/json"
+    doc = served.json()
+    assert doc == document()
+    described = {
+        (path, method) for path, item in doc["paths"].items() for method in item if method in METHODS
+    }
+    assert described == _routes(proxy)
+    assert doc["openapi"].startswith("3.1") and doc["info"]["version"] == proxy.runtime.version  # type: ignore[union-attr]
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            assert operation["responses"]["200"]["description"], (path, method)
+            if path.startswith("/api/"):
+                assert {"401", "403"} <= set(operation["responses"]), (path, method)
+
+
+def test_the_openapi_route_is_guarded_like_the_rest(make_instance: Callable[..., Instance]) -> None:
+    proxy = make_instance(token=TOKEN)
+    assert httpx.get(proxy.server.url + PATH).status_code == 401  # type: ignore[union-attr]
+
+
+def test_every_ref_resolves_and_settings_match_the_schema() -> None:
+    doc = document()
+    schemas = doc["components"]["schemas"]
+
+    def refs(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            own = [node["$ref"]] if "$ref" in node else []
+            return own + [r for value in node.values() for r in refs(value)]
+        if isinstance(node, list):
+            return [r for item in node for r in refs(item)]
+        return []
+
+    for ref in refs(doc):
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
+    everything = defaults()
+    resilience = {k: v for k, v in everything.items() if k != "modelLockout"}
+    assert problems(resilience, schemas["ResilienceSettings"], doc) == []
+    assert problems({"modelLockout": everything["modelLockout"]}, schemas["LockoutSettings"], doc) == []
+    for spec in SCHEMA:  # every leaf, with its default and range
+        group = "LockoutSettings" if spec.path.startswith("modelLockout.") else "ResilienceSettings"
+        node = schemas[group]
+        for part in spec.path.split("."):
+            node = node["properties"][part]
+        default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+        assert node["default"] == default, spec.path
+        if spec.kind == "int":
+            assert (node["minimum"], node["maximum"]) == (spec.min, spec.max), spec.path
+
+
+def test_real_answers_fit_the_schemas(make_instance: Callable[..., Instance]) -> None:
+    proxy = make_instance(token=TOKEN)
+    doc = document()
+    engine, now = proxy.engine, proxy.clock.now()
+    # Something in every list: an OPEN breaker, a cooling and an expired connection, a lockout, events.
+    breaker = engine.providers["alpha"].breaker
+    for _ in range(breaker.policy.failure_threshold):
+        breaker.record_failure(now)
+    engine.connections["alpha-1"].health.record_failure(
+        now,
+        engine.settings.cooldown_policy("local"),
+        error="503 overloaded",
+        error_type="server_error",
+        code=503,
+    )
+    engine.connections["beta-1"].health.mark_terminal(now, "expired", error="401 unauthorized", code=401)
+    engine.lockouts.record_failure(
+        "alpha", "alpha-2", "gpt-x", now, engine.settings.lockout(), status=404, reason="not_found"
+    )
+
+    for path in ("/api/monitoring/health", "/api/resilience/connections", "/api/resilience/model-cooldowns",
+                 "/api/resilience", "/api/settings", "/api/events"):  # fmt: skip
+        fits(doc, proxy.get(path), path, "get")
+    assert proxy.get("/api/resilience/model-cooldowns").json()["items"]
+    assert proxy.get("/api/events").json()["events"]
+
+    fits(
+        doc,
+        proxy.send("PATCH", "/api/resilience", {"sessionAffinity": {"ttlMs": 1000}}),
+        "/api/resilience",
+        "patch",
+    )
+    fits(
+        doc,
+        proxy.send("PATCH", "/api/settings", {"modelLockout": {"enabled": True}}),
+        "/api/settings",
+        "patch",
+    )
+    fits(doc, proxy.send("PATCH", "/api/settings", {"modelLockout": {"x": 1}}), "/api/settings", "patch")
+    fits(doc, proxy.send("PUT", "/api/providers/alpha-1", {"isActive": False}), "/api/providers/{id}", "put")
+    fits(doc, proxy.send("PUT", "/api/providers/nope", {"isActive": False}), "/api/providers/{id}", "put")
+    fits(
+        doc,
+        proxy.send("POST", "/api/resilience/connections/beta-1/reset"),
+        "/api/resilience/connections/{id}/reset",
+        "post",
+    )
+    fits(
+        doc,
+        proxy.send("POST", "/api/resilience/reset", {"provider": "alpha"}),
+        "/api/resilience/reset",
+        "post",
+    )
+    fits(
+        doc,
+        proxy.send("POST", "/api/resilience/reset", {"provider": "nope"}),
+        "/api/resilience/reset",
+        "post",
+    )
+    path = "/api/resilience/model-cooldowns"
+    fits(doc, proxy.send("DELETE", path, {"provider": "alpha", "model": "gpt-x"}), path, "delete")
+    fits(doc, proxy.send("DELETE", path, {"all": True}), path, "delete")
+    fits(doc, proxy.send("DELETE", path, {"model": "gpt-x"}), path, "delete")
+    fits(doc, proxy.send("DELETE", "/api/monitoring/health"), "/api/monitoring/health", "delete")
+    fits(doc, proxy.get("/api/events", params={"after": "x"}), "/api/events", "get")
+    fits(doc, proxy.send("POST", "/api/resilience/reset", b"[1"), "/api/resilience/reset", "post")
+    assert httpx.get(proxy.server.url + "/api/events").status_code == 401  # type: ignore[union-attr]
+    fits(doc, httpx.get(proxy.server.url + "/api/events"), "/api/events", "get")  # type: ignore[union-attr]
+
+
+def test_proxy_answers_fit_the_schemas(
+    make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
+) -> None:
+    _, url = upstream
+    proxy = make_instance(alpha_url=url)
+    doc = document()
+    fits(doc, proxy.get("/v1/models"), "/v1/models", "get")
+    for body, status in (({}, 400), ({"model": "nowhere"}, 404)):
+        response = proxy.send("POST", "/v1/chat/completions", body)
+        assert response.status_code == status
+        fits(doc, response, "/v1/chat/completions", "post")
