@@ -542,6 +542,7 @@ def overview(
     cooling = tuple(
         Row(
             key=c.spec.id,
+            target=("connections", c.spec.id),
             cells=(
                 visible(c.spec.id),
                 c.health.status(now),
@@ -556,6 +557,7 @@ def overview(
     lockouts = tuple(
         Row(
             key=e.key,
+            target=("lockouts", lockout_key(e.provider, e.connection_id, e.model)),
             cells=(
                 visible(f"{e.provider}/{e.model}"),
                 fmt.countdown(e.remaining_ms(now)),

@@ -7,17 +7,67 @@ the three lists are `LinesView`s, whose countdowns repaint without a Rich layout
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.cells import cell_len, set_cell_size
 from rich.columns import Columns
 from rich.console import RenderableType
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.strip import Strip
 from textual.widgets import Static
 
 from omniroute_tui import format as fmt
 from omniroute_tui.snapshot import Overview, Row, Tile
 from omniroute_tui.widgets.lines import Line, LinesView, line
+from omniroute_tui.widgets.tables import EventsTable
+
+
+class PickList(LinesView, can_focus=True):
+    """An Overview list whose lines lead somewhere: up/down (j/k) pick a line, enter shows its row
+    in its tab (a connection, a lockout, an event's breaker/connection/lockout)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("down,j", "pick(1)", "Next", show=False, id="overview-next"),
+        Binding("up,k", "pick(-1)", "Previous", show=False, id="overview-previous"),
+        Binding("enter", "go_to", "Go to", tooltip="Show this line's row in its tab", id="overview-go-to"),
+    ]
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.targets: tuple[tuple[str, ...], ...] = ()
+        self.picked = 0
+
+    def show_rows(self, lines: list[Line], targets: tuple[tuple[str, ...], ...]) -> None:
+        self.targets = targets
+        self.picked = min(self.picked, max(len(targets) - 1, 0))
+        self.show(lines)
+
+    def action_pick(self, step: int) -> None:
+        if self.targets:
+            self.picked = max(0, min(self.picked + step, len(self.targets) - 1))
+            self.refresh()
+
+    def action_go_to(self) -> None:
+        target = self.targets[self.picked] if self.picked < len(self.targets) else ()
+        if len(target) == 2:
+            self.post_message(EventsTable.GoTo(*target))
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        if self.has_focus and y == self.picked and self.targets:
+            return strip.apply_style(Style(reverse=True))
+        return strip
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
 
 TILE_NAME = 20
 """Cells of a provider name on its tile: a longer one ends in "…", so tiles stay side by side."""
@@ -28,9 +78,9 @@ class OverviewPane(Vertical):
         super().__init__(id=id)
         self._shown: Overview | None = None
         self.tiles = Static("", id="tiles")
-        self.cooling = LinesView(id="overview-cooling", classes="overview-box")
-        self.lockouts = LinesView(id="overview-lockouts", classes="overview-box")
-        self.events = LinesView(id="overview-events", classes="overview-box")
+        self.cooling = PickList(id="overview-cooling", classes="overview-box")
+        self.lockouts = PickList(id="overview-lockouts", classes="overview-box")
+        self.events = PickList(id="overview-events", classes="overview-box")
         self.cooling.border_title = "Connections needing attention"
         self.lockouts.border_title = "Longest lockouts"
         self.events.border_title = "Recent events"
@@ -50,15 +100,24 @@ class OverviewPane(Vertical):
             relayout = old is None or [t.provider for t in old.tiles] != [t.provider for t in overview.tiles]
             self.tiles.update(tiles(overview.tiles), layout=relayout)
         if old is None or old.cooling != overview.cooling:
-            self.cooling.show(rows(overview.cooling, "every connection is active", (16, 8, 7, 60)))
+            self.cooling.show_rows(
+                rows(overview.cooling, "every connection is active", (16, 8, 7, 60)),
+                tuple(row.target for row in overview.cooling),
+            )
         if old is None or old.cooling_total != overview.cooling_total:
             self.cooling.border_subtitle = f"{overview.cooling_total:,} not active"
         if old is None or old.lockouts != overview.lockouts:
-            self.lockouts.show(rows(overview.lockouts, "no model is locked out", (30, 7, 16, 16)))
+            self.lockouts.show_rows(
+                rows(overview.lockouts, "no model is locked out", (30, 7, 16, 16)),
+                tuple(row.target for row in overview.lockouts),
+            )
         if old is None or old.lockout_total != overview.lockout_total:
             self.lockouts.border_subtitle = f"{overview.lockout_total:,} active"
         if old is None or old.events != overview.events:
-            self.events.show(rows(overview.events, "nothing has happened yet", (8, 10, 26, 18, 60)))
+            self.events.show_rows(
+                rows(overview.events, "nothing has happened yet", (8, 10, 26, 18, 60)),
+                tuple(row.target for row in overview.events),
+            )
 
 
 def tiles(items: tuple[Tile, ...]) -> RenderableType:

@@ -537,3 +537,25 @@ async def test_enter_on_an_event_goes_to_its_row(tab: str) -> None:
         assert app.active_tab == tab
         selected = app.table(tab).selected_row
         assert selected is not None and selected.key == key
+
+
+@pytest.mark.parametrize(
+    ("box", "tab"), [("cooling", "connections"), ("lockouts", "lockouts"), ("events", None)]
+)
+async def test_enter_on_an_overview_line_goes_to_its_row(box: str, tab: str | None) -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        picklist = getattr(app.overview, box)
+        index = next(i for i, target in enumerate(picklist.targets) if len(target) == 2)
+        key_tab, key = picklist.targets[index]
+        assert tab is None or key_tab == tab
+        picklist.focus()
+        for _ in range(index):
+            await pilot.press("j")
+        await pilot.press("enter")
+        await settle(pilot)
+        await settle(pilot)
+        assert app.active_tab == key_tab
+        selected = app.table(key_tab).selected_row
+        assert selected is not None and selected.key == key
