@@ -97,6 +97,8 @@ class Tile:
     state: str
     text: str
     style: str
+    key: str = ""
+    """The provider's id: its row on the Breakers tab."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,7 +527,7 @@ def tile(provider: ProviderRuntime, now: float) -> Tile:
         text = "probe"
     else:
         text = f"{b.failure_count}/{b.policy.failure_threshold}"
-    return Tile(visible(provider.spec.id), state, text, fmt.BREAKER_STYLES[state])
+    return Tile(visible(provider.spec.id), state, text, fmt.BREAKER_STYLES[state], key=provider.spec.id)
 
 
 def overview(

@@ -69,6 +69,44 @@ class PickList(LinesView, can_focus=True):
         self.refresh()
 
 
+class TileBar(Static, can_focus=True):
+    """The breaker tiles: left/right (h/l) pick one when focused, enter shows its breaker."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("right,l", "pick(1)", "Next", show=False, id="tiles-next"),
+        Binding("left,h", "pick(-1)", "Previous", show=False, id="tiles-previous"),
+        Binding("enter", "go_to", "Go to", tooltip="Show this provider's breaker", id="tiles-go-to"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.items: tuple[Tile, ...] = ()
+        self.picked = 0
+
+    def show_tiles(self, items: tuple[Tile, ...], *, relayout: bool) -> None:
+        self.items = items
+        self.picked = min(self.picked, max(len(items) - 1, 0))
+        self._draw(relayout)
+
+    def _draw(self, relayout: bool = False) -> None:
+        self.update(tiles(self.items, self.picked if self.has_focus else None), layout=relayout)
+
+    def action_pick(self, step: int) -> None:
+        if self.items:
+            self.picked = max(0, min(self.picked + step, len(self.items) - 1))
+            self._draw()
+
+    def action_go_to(self) -> None:
+        if self.picked < len(self.items):
+            self.post_message(EventsTable.GoTo("breakers", self.items[self.picked].key))
+
+    def on_focus(self) -> None:
+        self._draw()
+
+    def on_blur(self) -> None:
+        self._draw()
+
+
 TILE_NAME = 20
 """Cells of a provider name on its tile: a longer one ends in "…", so tiles stay side by side."""
 
@@ -77,7 +115,7 @@ class OverviewPane(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: Overview | None = None
-        self.tiles = Static("", id="tiles")
+        self.tiles = TileBar(id="tiles")
         self.cooling = PickList(id="overview-cooling", classes="overview-box")
         self.lockouts = PickList(id="overview-lockouts", classes="overview-box")
         self.events = PickList(id="overview-events", classes="overview-box")
@@ -98,7 +136,7 @@ class OverviewPane(Vertical):
         # place is a repaint.
         if old is None or old.tiles != overview.tiles:
             relayout = old is None or [t.provider for t in old.tiles] != [t.provider for t in overview.tiles]
-            self.tiles.update(tiles(overview.tiles), layout=relayout)
+            self.tiles.show_tiles(overview.tiles, relayout=relayout)
         if old is None or old.cooling != overview.cooling:
             self.cooling.show_rows(
                 rows(overview.cooling, "every connection is active", (16, 8, 7, 60)),
@@ -120,16 +158,17 @@ class OverviewPane(Vertical):
             )
 
 
-def tiles(items: tuple[Tile, ...]) -> RenderableType:
-    """Two-line blocks: the provider, then its state written out (and how long, or how close)."""
+def tiles(items: tuple[Tile, ...], picked: int | None = None) -> RenderableType:
+    """Two-line blocks: the provider, then its state written out (and how long, or how close);
+    the `picked` one (keyboard focus) drawn in reverse."""
     if not items:
         return Text("No providers configured.", style="dim")
     blocks = []
-    for t in items:
+    for i, t in enumerate(items):
         status = f"{t.state} {t.text}"
         provider = fmt.clip(t.provider, TILE_NAME)
         width = max(cell_len(provider), len(status)) + 2
-        style = fmt.TILE_COLOURS[t.style]
+        style = fmt.TILE_COLOURS[t.style] + (" reverse underline" if i == picked else "")
         blocks.append(
             Text.assemble(
                 (f" {set_cell_size(provider, width - 1)}\n", f"{style} bold"),

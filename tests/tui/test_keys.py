@@ -559,3 +559,19 @@ async def test_enter_on_an_overview_line_goes_to_its_row(box: str, tab: str | No
         assert app.active_tab == key_tab
         selected = app.table(key_tab).selected_row
         assert selected is not None and selected.key == key
+
+
+async def test_enter_on_a_breaker_tile_shows_its_breaker() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        bar = app.overview.tiles
+        bar.focus()
+        await pilot.press("l", "l")  # the third tile
+        key = bar.items[2].key
+        await pilot.press("enter")
+        await settle(pilot)
+        await settle(pilot)
+        assert app.active_tab == "breakers"
+        selected = app.table("breakers").selected_row
+        assert selected is not None and selected.key == key
