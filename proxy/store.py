@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from proxy import untrusted
 from proxy.resilience.errors import OmniRouteError
 
 __all__ = [
@@ -609,12 +610,17 @@ class SqliteStore:
         """Commit one batch in one transaction; the error if it failed (nothing of it is then on disk)."""
         # Serialise first: a record JSON cannot encode would fail every retry, so it is dropped
         # (and logged) instead of holding every later transition back.
-        breakers = self._encode(batch.breakers.items())
-        connections = self._encode(batch.connections.items())
-        lockouts = self._encode((key, record) for key, record in batch.lockouts.items() if record is not None)
-        lockout_deletes = [key for key, record in batch.lockouts.items() if record is None]
-        pins = [(key, *pin) for key, pin in batch.pins.items() if pin is not None]
-        pin_deletes = [(key,) for key, pin in batch.pins.items() if pin is None]
+        # Keys are bound as SQL text, which must be UTF-8: a key holding a lone surrogate would raise
+        # UnicodeEncodeError here, on every retry, and end the writer thread. Such rows are dropped too.
+        breakers = self._encode(self._bindable(batch.breakers).items())
+        connections = self._encode(self._bindable(batch.connections).items())
+        lockout_rows = self._bindable(batch.lockouts)
+        lockouts = self._encode((key, record) for key, record in lockout_rows.items() if record is not None)
+        lockout_deletes = [key for key, record in lockout_rows.items() if record is None]
+        pin_rows = self._bindable(batch.pins)
+        pins = [(key, *pin) for key, pin in pin_rows.items() if pin is not None]
+        pin_deletes = [(key,) for key, pin in pin_rows.items() if pin is None]
+        meta = self._bindable(batch.meta)
         db = self._writer_db
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -625,7 +631,7 @@ class SqliteStore:
                 db.executemany(_SQL["lockout_delete"], lockout_deletes)
                 db.executemany(_SQL["pin"], pins)
                 db.executemany(_SQL["pin_delete"], pin_deletes)
-                db.executemany(_SQL["meta"], batch.meta.items())
+                db.executemany(_SQL["meta"], [(key, value) for key, value in meta.items() if _text(value)])
                 db.execute("COMMIT")
             except BaseException:
                 _rollback_quietly(db)
@@ -633,6 +639,12 @@ class SqliteStore:
         except sqlite3.Error as exc:
             return exc
         return None
+
+    def _bindable(self, rows: Mapping[_K, _V]) -> Mapping[_K, _V]:
+        if all(_text(key) for key in rows):
+            return rows
+        _log.error("%s: dropping records whose key is not UTF-8 text", self.path)
+        return {key: value for key, value in rows.items() if _text(key)}
 
     def _encode(self, items: Iterable[tuple[_K, Mapping[str, Any]]]) -> list[tuple[_K, str]]:
         rows: list[tuple[_K, str]] = []
@@ -735,6 +747,12 @@ def _decode(table: str, row: str, text: str) -> dict[str, Any]:
 def _merge_back(pending: dict[_K, _V], failed: Mapping[_K, _V]) -> None:
     for key, value in failed.items():
         pending.setdefault(key, value)
+
+
+def _text(key: object) -> bool:
+    """Can SQLite take `key` (a string, or a tuple of them) as text? Not with a lone surrogate in it."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return all(not isinstance(part, str) or untrusted.is_text(part) for part in parts)
 
 
 def _dumps(record: Mapping[str, Any]) -> str:
