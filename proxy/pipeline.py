@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from proxy import untrusted
 from proxy.config import Config
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Target
 from proxy.resilience.clock import sleep_until
@@ -71,14 +72,26 @@ class Pipeline:
         except BodyTooLarge:
             return error_response(413, "request body exceeds 32 MiB", "request_too_large")
         try:
-            body = json.loads(raw)
+            body = untrusted.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-            return error_response(400, "request body is not valid JSON", "invalid_json")
+            return error_response(
+                400, "request body is not valid JSON (NaN and Infinity are not JSON either)", "invalid_json"
+            )
         if not isinstance(body, dict):
             return error_response(400, "request body must be a JSON object", "invalid_request")
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return error_response(400, "`model` is required and must be a string", "missing_model")
+        if not untrusted.is_text(model):
+            # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
+            # messages may hold any JSON string: they are only passed on.)
+            return error_response(
+                400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
+            )
+        try:
+            rest = _encode_without_model(body)
+        except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
+            return error_response(400, "request body is nested too deeply", "invalid_json")
         stream = endpoint != "embeddings" and body.get("stream") is True
 
         pinned = request.headers.get("x-omniroute-connection")
@@ -86,12 +99,14 @@ class Pipeline:
         if route is None:
             return error_response(
                 404,
-                f"model {model!r} is not a configured provider/model, combo, or model any upstream lists",
+                f"model {untrusted.echo(model)!r} is not a configured provider/model, combo, or model any upstream lists",
                 "model_not_found",
             )
         if not route.targets:
             return error_response(
-                404, f"connection {pinned!r} is unknown or cannot serve {model!r}", "connection_not_found"
+                404,
+                f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
+                "connection_not_found",
             )
         session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
 
@@ -99,7 +114,7 @@ class Pipeline:
         stats.started()
         response: Response | None = None
         try:
-            response = await self._route(request, endpoint, body, route.targets, stream, session)
+            response = await self._route(request, endpoint, rest, route.targets, stream, session)
             return response
         finally:
             # A stream counts itself when it ends; everything else ends here.
@@ -113,7 +128,7 @@ class Pipeline:
         self,
         request: Request,
         endpoint: str,
-        body: dict[str, Any],
+        rest: bytes,
         targets: list[Target],
         stream: bool,
         session: str | None,
@@ -130,7 +145,7 @@ class Pipeline:
                     return error_response(499, "client disconnected while waiting", "client_disconnected")
                 progress.tried.clear()
                 continue
-            response = await self._attempt(decision, endpoint, body, stream, progress, targets, session)
+            response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session)
             if response is not None:
                 return response
             progress.tried.append(decision.connection.spec.id)
@@ -177,7 +192,7 @@ class Pipeline:
         self,
         attempt: Attempt,
         endpoint: str,
-        body: dict[str, Any],
+        rest: bytes,
         stream: bool,
         progress: _Progress,
         targets: list[Target],
@@ -194,9 +209,7 @@ class Pipeline:
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
         headers = self._route_headers(attempt, progress, targets)
-        payload = dict(body)
-        payload["model"] = attempt.target.model
-        data = json.dumps(payload, ensure_ascii=False).encode()
+        data = _with_model(attempt.target.model, rest)
         url = f"{self.config.providers[provider.spec.id].base_url}/{endpoint}"
         conn_config = self.config.connection(conn.spec.id)
         api_key = conn_config.api_key if conn_config else None
@@ -554,6 +567,18 @@ class _RelayResponse(StreamingResponse):
                 engine = attempt.engine
                 outcome = attempt.outcome
                 engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+
+
+def _encode_without_model(body: dict[str, Any]) -> bytes:
+    """The request body without its `model`, encoded once per request: each attempt only puts its
+    own model in front (`_with_model`), so nothing an attempt does can fail to encode."""
+    return untrusted.dumps({k: v for k, v in body.items() if k != "model"})
+
+
+def _with_model(model: str, rest: bytes) -> bytes:
+    """`{"model": <model>, ...rest}` from the encoded rest of the body (a JSON object)."""
+    head = b'{"model": ' + untrusted.dumps(model)
+    return head + b"}" if rest == b"{}" else head + b", " + rest[1:]
 
 
 async def _read_body(request: Request) -> bytes:

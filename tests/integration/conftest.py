@@ -24,6 +24,10 @@ from proxy.runtime import Runtime
 from tests.fakes import FakeUpstream, LiveServer, serve
 from tests.two_providers import config_text
 
+# test_proxy.py's harness (fake upstreams and proxies started per test, stopped side by side) serves
+# every module of this folder: its fixtures are offered here by name.
+from tests.integration.test_proxy import launch, started, upstreams  # noqa: F401  isort: skip
+
 
 @dataclass
 class Instance:
@@ -101,19 +105,19 @@ def make_instance(tmp_path: Path) -> Iterator[Callable[..., Instance]]:
     `alpha_url` is where provider alpha sends traffic (default: a refused port, for tests that send none);
     `state` is the state database (default: a new one in tmp_path).
     """
-    started: list[Instance] = []
+    instances: list[Instance] = []
 
     def make(token: str | None = None, alpha_url: str | None = None, state: Path | None = None) -> Instance:
-        config_path = tmp_path / f"config-{len(started)}.toml"
+        config_path = tmp_path / f"config-{len(instances)}.toml"
         refused = FakeUpstream.refused_url()
         config_path.write_text(config_text(alpha_url or refused, refused, token))
         config_path.chmod(0o600)
-        instance = Instance(config_path, state or tmp_path / f"state-{len(started)}.db", token)
-        started.append(instance)
+        instance = Instance(config_path, state or tmp_path / f"state-{len(instances)}.db", token)
+        instances.append(instance)
         return instance.start()
 
     yield make
-    for instance in started:
+    for instance in instances:
         instance.stop()
 
 
