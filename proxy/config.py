@@ -149,6 +149,14 @@ class Config:
     def connection(self, connection_id: str) -> ConnectionConfig | None:
         return self._by_id.get(connection_id)
 
+    def secrets(self) -> list[str]:
+        """Every secret the file configures (or the environment supplies): upstream keys, client
+        api_keys, the management token. None of them may appear in what the program shows."""
+        server = self.server
+        keys = [c.api_key for c in self._by_id.values() if c.api_key]
+        token = [server.management_token] if server.management_token else []
+        return [*keys, *server.api_keys, *token]
+
 
 class ConfigError(Exception):
     """A config file that cannot be used. `str()` is the whole message, one problem per line."""

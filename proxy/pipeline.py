@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +31,16 @@ from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
+from proxy.scrub import Scrubber, StreamScrubber
 from proxy.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
 WAIT_SLACK_MS = 50.0
 DISCONNECT_POLL_S = 0.25
+_RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
+"""What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
+upstream puts there (its echo of our key, say) stays with us."""
 
 
 class BodyTooLarge(Exception):
@@ -205,6 +210,7 @@ class Pipeline:
         relay taking the scope over closes it, which records a disconnect if nothing else was.
         """
         engine = self.engine
+        scrub = engine.scrubber
         conn = attempt.connection
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
@@ -245,21 +251,22 @@ class Pipeline:
                 return None
 
             if upstream.status >= 400:
-                text = await upstream.read_error_text()
+                text = scrub(await upstream.read_error_text())
                 recorded = scope.finish(Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text))
                 status = recorded.status or upstream.status
                 if recorded.client_retry_after_ms is not None:
                     progress.client_retry_ms = recorded.client_retry_after_ms
                 passthrough_headers = dict(headers)
                 for name in ("retry-after", "retry-after-ms"):
-                    if name in upstream.headers:
-                        passthrough_headers[name] = upstream.headers[name]
+                    value = upstream.headers.get(name)
+                    if value is not None and _RETRY_HINT.fullmatch(value):  # a number or a date, nothing else
+                        passthrough_headers[name] = value
                 if recorded.client_retry_after_ms is not None:
                     passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
                 reply = Response(
                     text.encode(),
                     status_code=status,
-                    media_type=upstream.content_type,
+                    media_type=scrub(upstream.content_type),
                     headers=passthrough_headers,
                 )
                 if recorded.verdict.fallback:
@@ -277,7 +284,10 @@ class Pipeline:
                 return None
             scope.finish(Outcome.ok(upstream.status))
             return Response(
-                content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
+                scrub.secrets(content),
+                status_code=upstream.status,
+                media_type=scrub(upstream.content_type),
+                headers=headers,
             )
         finally:
             # Every path above either recorded an outcome or handed the scope to a relay; anything
@@ -387,7 +397,11 @@ class Pipeline:
                 scope.finish(outcome or Outcome.disconnect())
 
         return _RelayResponse(
-            relay(), scope, status_code=upstream.status, media_type="text/event-stream", headers=headers
+            _scrubbed(relay(), engine.scrubber),
+            scope,
+            status_code=upstream.status,
+            media_type="text/event-stream",
+            headers=headers,
         )
 
     # ------------------------------------------------------------------ answers
@@ -528,6 +542,22 @@ class _AttemptScope:
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
             ticket.release()
+
+
+async def _scrubbed(relay: AsyncGenerator[bytes, None], scrubber: Scrubber) -> AsyncGenerator[bytes, None]:
+    """The relay's bytes without the configured secrets, and its error events without anything
+    shaped like a key (`StreamScrubber`). Closing this closes the relay (its `finally` records)."""
+    lines = StreamScrubber(scrubber)
+    try:
+        async for chunk in relay:
+            out = lines.feed(chunk)
+            if out:
+                yield out
+        tail = lines.flush()
+        if tail:
+            yield tail
+    finally:
+        await relay.aclose()  # never suspends: the relay's own finally is synchronous
 
 
 class _RelayResponse(StreamingResponse):

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -140,6 +140,12 @@ class StateStore(Protocol):
         """Block until everything queued so far is committed; False if that did not happen in time."""
         ...
 
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        """After what is queued is committed: if any text the store holds, in live rows or left over
+        from rows since overwritten, is something `finds`, rebuild the storage from the live rows
+        alone. True if it did. Blocking: call at startup."""
+        ...
+
     def close(self) -> None:
         """Flush and close; idempotent. Later write-behind saves are dropped."""
         ...
@@ -231,6 +237,9 @@ class MemoryStore:
 
     def flush(self, timeout: float = 5.0) -> bool:
         return True
+
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        return False  # nothing is left over: an overwritten row is gone with its string
 
     def close(self) -> None:
         with self._lock:
@@ -346,6 +355,9 @@ class SqliteStore:
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={synchronous}")
+            # Overwritten and deleted content is zeroed, not left in free space: what a row once said
+            # (an error an upstream wrote) must not outlive the row in the file.
+            conn.execute("PRAGMA secure_delete=ON")
             if prepare:
                 self._prepare(conn)
             return conn
@@ -534,6 +546,32 @@ class SqliteStore:
             self._flush_wanted = True
             self._cond.notify_all()
             return self._cond.wait_for(lambda: self._committed >= target, timeout=timeout)
+
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        """Rebuild the file (VACUUM) and empty the WAL into it when its bytes, free pages and WAL
+        frames included, hold text `finds`: a file written before secure_delete was on keeps what
+        overwritten rows said. A failure is logged and leaves the file as it was (it still works)."""
+        self.flush()
+        try:
+            raw = b"".join(
+                Path(name).read_bytes() for name in (self.path, f"{self.path}-wal") if os.path.exists(name)
+            )
+        except OSError as exc:
+            _log.warning("%s: cannot read the state file to check it for secrets: %s", self.path, exc)
+            return False
+        # latin-1 maps every byte to one character, so text of any shape is found wherever it lies.
+        if not finds(raw.decode("latin-1")):
+            return False
+        with self._fg_lock:
+            try:
+                self._fg.execute("VACUUM")
+                self._fg.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                _log.warning(
+                    "%s: cannot rebuild the state file without old error text: %s", self.path, _reason(exc)
+                )
+                return False
+        return True
 
     def close(self) -> None:
         """Commit what is queued, stop the writer and close the database; idempotent."""
