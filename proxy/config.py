@@ -117,6 +117,10 @@ class ServerConfig:
     connect_timeout_ms: int = 10_000
     first_byte_timeout_ms: int = 120_000
     idle_timeout_ms: int = 120_000
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names (lower-case, no port) answered besides loopback ones when no credential is asked."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (`scheme://host[:port]`, lower-case) allowed to call the proxy; default none."""
 
     def bind_refusal(self, host: str | None = None) -> str | None:
         """Why binding `host` (default: the configured one) must be refused, or None when it is safe.
@@ -169,12 +173,57 @@ class ConfigError(Exception):
 
 
 def is_loopback_host(host: str) -> bool:
-    if host.lower() == "localhost":
+    """Is `host` (a name or an address, IPv6 with or without brackets) this machine's loopback?
+
+    `localhost` and any `*.localhost` (RFC 6761: resolvers, browsers included, answer them with
+    loopback themselves, so no DNS record can point them elsewhere), 127.0.0.0/8, ::1, and
+    ::ffff:127.x.y.z (an IPv4 loopback client as a dual-stack socket reports it)."""
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
         return True
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def host_name(value: str) -> str:
+    """The host of a `Host` header (or a config entry): lower-case, without port, brackets or the
+    trailing dot of an absolute name. `[::1]:20128` -> `::1`, `Proxy.LAN.:80` -> `proxy.lan`."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1 :] if end > 0 else None
+        if rest is None or not (rest == "" or (rest[:1] == ":" and rest[1:].isdigit())):
+            return value  # malformed: equal to no name, loopback or allowed
+        return value[1:end]
+    name, colon, port = value.rpartition(":")
+    if colon and ":" not in name and (port.isdigit() or not port):
+        value = name
+    return value[:-1] if value.endswith(".") and value != "." else value
+
+
+def normal_origin(value: str) -> str | None:
+    """An origin as browsers serialise it (`http://localhost:3000`: lower-case scheme and host, no
+    default port, no path), or None when `value` is not one."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return None
+    host = parts.hostname
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
 # --- paths ---------------------------------------------------------------------------------------
@@ -450,6 +499,8 @@ class _Reader:
                 "connect_timeout_ms",
                 "first_byte_timeout_ms",
                 "idle_timeout_ms",
+                "allowed_hosts",
+                "allowed_origins",
             ),
         )
         default_combo = self.str_(t, w, "default_combo")
@@ -468,12 +519,43 @@ class _Reader:
                 t, w, "first_byte_timeout_ms", d.first_byte_timeout_ms, *_TIMEOUT_RANGE
             ),
             idle_timeout_ms=self.int_(t, w, "idle_timeout_ms", d.idle_timeout_ms, *_TIMEOUT_RANGE),
+            allowed_hosts=self.hosts(t, w),
+            allowed_origins=self.origins(t, w),
         )
         if server.management_token:
             self.inline_secrets.append("server.management_token")
         if server.api_keys:
             self.inline_secrets.append("server.api_keys")
         return _with_env_token(server, self.env)
+
+    def hosts(self, t: Mapping[str, Any], w: str) -> tuple[str, ...]:
+        """`allowed_hosts`: names or addresses a `Host` header may carry (any port)."""
+        hosts = []
+        for i, value in enumerate(self.str_list(t, w, "allowed_hosts")):
+            name = host_name(value)
+            if not name or any(c in name for c in "/@ \t") or _has_control(name):
+                self.problem(
+                    f"{w}.allowed_hosts[{i}]",
+                    f"must be a host name or address such as 'proxy.lan' or '192.168.1.20' (got {_shown(value)})",
+                )
+            else:
+                hosts.append(name)
+        return tuple(hosts)
+
+    def origins(self, t: Mapping[str, Any], w: str) -> tuple[str, ...]:
+        """`allowed_origins`: exact browser origins, as a browser writes them in `Origin`."""
+        origins = []
+        for i, value in enumerate(self.str_list(t, w, "allowed_origins")):
+            origin = normal_origin(value)
+            if origin is None:
+                self.problem(
+                    f"{w}.allowed_origins[{i}]",
+                    "must be an origin such as 'http://localhost:3000' (scheme, host and port only)"
+                    f" (got {_shown(value)})",
+                )
+            else:
+                origins.append(origin)
+        return tuple(origins)
 
     def provider(self, pid: str, raw: object, seen_connections: dict[str, str]) -> ProviderConfig:
         w = f"providers.{pid}"

@@ -16,6 +16,8 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     502: "upstream_error",

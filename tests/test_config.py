@@ -568,3 +568,59 @@ def test_default_paths_follow_platformdirs(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     assert default_config_path() == tmp_path / "cfg" / "omniroute" / "config.toml"
     assert default_state_path() == tmp_path / "data" / "omniroute" / "state.db"
+
+
+# --- who may call the proxy ----------------------------------------------------------------------
+
+
+def test_allowed_hosts_and_origins_are_normalised(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[server]\nallowed_hosts = ["Proxy.LAN.", "[fd00::5]:20128", "192.168.1.20"]\n'
+        'allowed_origins = ["HTTP://LocalHost:3000/", "https://app.example:443"]\n',
+    )
+    server = load_config(path, {}).server
+    assert server.allowed_hosts == ("proxy.lan", "fd00::5", "192.168.1.20")
+    assert server.allowed_origins == ("http://localhost:3000", "https://app.example")
+    assert ServerConfig().allowed_hosts == () and ServerConfig().allowed_origins == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('allowed_hosts = ["http://proxy.lan"]', "server.allowed_hosts[0]"),
+        ('allowed_hosts = ["a b"]', "server.allowed_hosts[0]"),
+        ('allowed_hosts = "proxy.lan"', "server.allowed_hosts"),
+        ('allowed_origins = ["proxy.lan"]', "server.allowed_origins[0]"),
+        ('allowed_origins = ["http://x.lan/app"]', "server.allowed_origins[0]"),
+        ('allowed_origins = ["null"]', "server.allowed_origins[0]"),
+        ('allowed_origins = ["*"]', "server.allowed_origins[0]"),
+    ],
+)
+def test_a_bad_allowed_host_or_origin_is_named(tmp_path: Path, text: str, key: str) -> None:
+    assert f"{key}: must" in error_for(tmp_path, f"[server]\n{text}\n")
+
+
+def test_loopback_names_and_addresses() -> None:
+    from proxy.config import host_name, is_loopback_host
+
+    for host in (
+        "localhost",
+        "LOCALHOST.",
+        "app.localhost",
+        "127.0.0.1",
+        "127.9.9.9",
+        "::1",
+        "[::1]",
+        "::ffff:127.0.0.1",
+    ):
+        assert is_loopback_host(host), host
+    for host in ("0.0.0.0", "::", "localhost.evil.example", "127.0.0.1.evil.example", "[::1", "", "10.0.0.1"):
+        assert not is_loopback_host(host), host
+    assert [host_name(h) for h in ("[::1]:80", "Localhost:20128", "x.lan.", "[::1]x", "::1")] == [
+        "::1",
+        "localhost",
+        "x.lan",
+        "[::1]x",
+        "::1",
+    ]

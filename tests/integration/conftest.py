@@ -82,9 +82,11 @@ class Instance:
         return self.http.get(path, **kwargs)
 
     def send(self, method: str, path: str, body: object = None, **kwargs: Any) -> httpx.Response:
-        """`body` is sent as JSON; bytes are sent as they are (malformed input tests)."""
+        """`body` is sent as JSON; bytes are sent as they are (malformed input tests), labelled JSON
+        like any client's body unless `headers` say otherwise (the Guard refuses other types)."""
         if isinstance(body, bytes):
-            return self.http.request(method, path, content=body, **kwargs)
+            headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
+            return self.http.request(method, path, content=body, headers=headers, **kwargs)
         if body is None:
             return self.http.request(method, path, **kwargs)
         return self.http.request(method, path, json=body, **kwargs)
