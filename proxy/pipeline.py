@@ -32,9 +32,12 @@ from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
 from proxy.scrub import Scrubber, StreamScrubber
-from proxy.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from proxy.upstream import MAX_ERROR_BODY, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+CLASSIFIED_ERROR_BYTES = 64 * 1024
+"""What the engine reads of an error body (its markers, retry hints and lastError are near the
+start); the client gets the whole body, up to MAX_ERROR_BODY."""
 SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
 WAIT_SLACK_MS = 50.0
 DISCONNECT_POLL_S = 0.25
@@ -251,7 +254,8 @@ class Pipeline:
                 return None
 
             if upstream.status >= 400:
-                text = scrub(await upstream.read_error_text())
+                raw, whole = await upstream.read_error_body()
+                text = scrub(raw[:CLASSIFIED_ERROR_BYTES].decode("utf-8", "replace"))
                 recorded = scope.finish(Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text))
                 status = recorded.status or upstream.status
                 if recorded.client_retry_after_ms is not None:
@@ -263,12 +267,21 @@ class Pipeline:
                         passthrough_headers[name] = value
                 if recorded.client_retry_after_ms is not None:
                     passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
-                reply = Response(
-                    text.encode(),
-                    status_code=status,
-                    media_type=scrub(upstream.content_type),
-                    headers=passthrough_headers,
-                )
+                if whole:
+                    reply = Response(
+                        scrub.error_bytes(raw),
+                        status_code=status,
+                        media_type=scrub(upstream.content_type),
+                        headers=passthrough_headers,
+                    )
+                else:
+                    reply = error_response(
+                        status,
+                        f"{conn.spec.id}: {upstream.status} with an error body larger than"
+                        f" {MAX_ERROR_BODY // (1024 * 1024)} MiB, not relayed",
+                        "upstream_error_too_large",
+                        headers=passthrough_headers,
+                    )
                 if recorded.verdict.fallback:
                     progress.last_error = reply
                     return None

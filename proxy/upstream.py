@@ -16,9 +16,10 @@ import aiohttp
 
 from proxy.resilience.outcome import Outcome
 
-# Error bodies are read for classification only; a gateway that answers an error with megabytes
-# must not make us buffer them.
-MAX_ERROR_BODY = 64 * 1024
+MAX_ERROR_BODY = 1024 * 1024
+"""An upstream's error body is relayed whole up to this size; a gateway that answers an error
+with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
+would be broken JSON)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +55,28 @@ class UpstreamResponse:
         finally:
             self._response.release()
 
-    async def read_error_text(self) -> str:
+    async def read_error_body(self) -> tuple[bytes, bool]:
+        """The error body and whether that is all of it: at most MAX_ERROR_BODY bytes are read (the
+        rest is not waited for). A body that breaks off is what arrived, and not whole."""
+        content = self._response.content
+        chunks: list[bytes] = []
+        size = 0
+        whole = False
         try:
-            raw = await self._response.content.read(MAX_ERROR_BODY)
+            while size <= MAX_ERROR_BODY:
+                # read(n) returns what is there (at most n), not n: loop until the end or the limit.
+                chunk = await content.read(MAX_ERROR_BODY + 1 - size)
+                if not chunk:
+                    whole = True
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
         except (TimeoutError, aiohttp.ClientError, OSError):
-            raw = b""
+            pass
         finally:
             self._response.close()
-        return raw.decode("utf-8", "replace")
+        raw = b"".join(chunks)
+        return raw[:MAX_ERROR_BODY], whole
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (for SSE relays); raises UpstreamFailure if the upstream dies."""

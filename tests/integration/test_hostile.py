@@ -16,6 +16,7 @@ import pytest
 from proxy.resilience.breaker import BreakerState
 from proxy.resilience.clock import FakeClock
 from proxy.untrusted import ECHO_LIMIT
+from tests.fakes import Reply
 from tests.integration.conftest import Instance
 from tests.integration.test_proxy import (
     CHAT_PATH,
@@ -186,3 +187,40 @@ def test_management_answers_quote_at_most_200_characters_of_the_input(proxy: Ins
         assert 400 <= response.status_code < 500, response.text[:300]
         assert quoted_at_most(response.text, long), response.text[:300]
         assert len(response.content) < 20_000, len(response.content)
+
+
+# ---------------------------------------------------------------------------------------------
+# What upstreams send back
+
+
+@pytest.mark.parametrize("size_kib", [65, 200, 1023])
+def test_an_error_body_up_to_1_mib_is_relayed_whole(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], size_kib: int
+) -> None:
+    """Bodies over 64 KiB used to be cut, and sent as broken JSON labelled application/json."""
+    up = upstreams()
+    body = {
+        "error": {"message": "bad request", "type": "invalid_request_error", "pad": "p" * (size_kib * 1024)}
+    }
+    up.fake.default(Reply("error", status=400, body=body))
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    response = proxy.chat("loc/m1")
+    assert response.status_code == 400
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json() == body
+    proxy.settled()
+
+
+def test_an_error_body_over_1_mib_is_a_well_formed_error_that_says_so(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    body = {"error": {"message": "bad request", "pad": "p" * (1024 * 1024)}}
+    up.fake.default(Reply("error", status=400, body=body))
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    response = proxy.chat("loc/m1")
+    error = error_of(response, 400)
+    assert error["code"] == "upstream_error_too_large"
+    assert error["message"] == "loc-1: 400 with an error body larger than 1 MiB, not relayed"
+    assert len(response.content) < 1000
+    proxy.settled()
