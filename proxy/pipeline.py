@@ -15,6 +15,7 @@ import re
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -50,6 +51,25 @@ class BodyTooLarge(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _UpstreamError:
+    """One failed attempt as the client reads it: `ollama-1: connection refused at http://...`,
+    `key-b: 429 Rate limit reached`."""
+
+    connection_id: str
+    status: int | None
+    """The upstream's status; None when it never answered (refused, reset, timed out)."""
+    message: str
+    """What went wrong, in the upstream's words when it said any (scrubbed, at most a line)."""
+
+    def __str__(self) -> str:
+        status = f"{self.status} " if self.status is not None else ""
+        return f"{self.connection_id}: {status}{self.message}"
+
+    def to_api(self) -> dict[str, object]:
+        return {"connectionId": self.connection_id, "status": self.status, "message": self.message}
+
+
 @dataclass(slots=True)
 class _Progress:
     """What one request has been through so far (for headers and the final error)."""
@@ -58,6 +78,8 @@ class _Progress:
     failed_attempts: int = 0
     attempted_targets: set[str] = field(default_factory=set)
     last_error: Response | None = None
+    last_failure: _UpstreamError | None = None
+    """What the upstream of this request's last failed attempt did, in words (for the final answer)."""
     client_retry_ms: int | None = None
     waits: int = 0
     waited_ms: float = 0.0
@@ -230,7 +252,8 @@ class Pipeline:
                 upstream = await self._dispatch(scope, url, data, api_key, extra)
             except QueueFull:
                 scope.finish(Outcome.local("request queue full"))
-                return error_response(
+                return _answer(
+                    progress,
                     429,
                     f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
                     "RATE_LIMIT_QUEUE_FULL",
@@ -243,7 +266,8 @@ class Pipeline:
                 return None
             except ExecutionTimeout:
                 scope.finish(Outcome.local("execution deadline passed"))
-                return error_response(
+                return _answer(
+                    progress,
                     504,
                     f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
                     "RATE_LIMIT_EXECUTION_TIMEOUT",
@@ -284,6 +308,7 @@ class Pipeline:
                     )
                 if recorded.verdict.fallback:
                     progress.last_error = reply
+                    progress.last_failure = _UpstreamError(conn.spec.id, upstream.status, _error_words(text))
                     return None
                 return reply
 
@@ -429,8 +454,16 @@ class Pipeline:
         """Record an attempt that broke before any byte reached the client; its 502 is the answer
         if nothing else is left to try."""
         scope.finish(outcome)
+        attempt = scope.attempt
+        base_url = _shown_url(self.config.providers[attempt.provider.spec.id].base_url)
+        failure = _UpstreamError(attempt.connection.spec.id, None, f"{outcome.error} at {base_url}")
+        progress.last_failure = failure
         progress.last_error = error_response(
-            502, f"{scope.attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
+            502,
+            f"{failure} (trying {attempt.target})",
+            "upstream_unreachable",
+            headers=headers,
+            upstreamError=failure.to_api(),
         )
 
     def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
@@ -466,13 +499,14 @@ class Pipeline:
         if decision.not_found_only:
             # resilience.md §7: a model that every candidate answered 404 for is not found, and no
             # Retry-After would make it appear; a 429 would only invite the client to retry.
-            return error_response(
-                404, f"no target serves this model: {why}", "model_not_found", skipped=skipped
+            return _answer(
+                progress, 404, f"no target serves this model: {why}", "model_not_found", skipped=skipped
             )
         recovery = decision.earliest_recovery
         if decision.breaker_only and recovery is not None:
             retry = max(1, math.ceil((recovery - now) / 1000))
-            return error_response(
+            return _answer(
+                progress,
                 503,
                 f"every target's provider circuit is open: {why}",
                 "provider_circuit_open",
@@ -484,16 +518,78 @@ class Pipeline:
             if progress.client_retry_ms is not None:
                 retry_ms = max(retry_ms, progress.client_retry_ms)
             retry = max(1, math.ceil(retry_ms / 1000))
-            return error_response(
+            return _answer(
+                progress,
                 429,
                 f"no target is available right now: {why}",
                 "all_targets_cooling",
                 headers={"retry-after": str(retry)},
                 skipped=skipped,
             )
-        return error_response(
-            503, f"no target can serve this request: {why}", "all_targets_unavailable", skipped=skipped
+        return _answer(
+            progress,
+            503,
+            f"no target can serve this request: {why}",
+            "all_targets_unavailable",
+            skipped=skipped,
         )
+
+
+def _answer(
+    progress: _Progress,
+    status: int,
+    message: str,
+    code: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> Response:
+    """Our own error answer. When this request's own attempts failed, it starts with what the last
+    upstream did, in words, and `upstreamError` says it as data: a dead upstream is then not
+    hidden behind the cooldown it caused."""
+    failure = progress.last_failure
+    if failure is None:
+        return error_response(status, message, code, headers=headers, **extra)
+    return error_response(
+        status, f"{failure}; {message}", code, headers=headers, upstreamError=failure.to_api(), **extra
+    )
+
+
+_WORDS_LIMIT = 200
+"""The most of an upstream's error message an answer repeats."""
+
+
+def _error_words(text: str) -> str:
+    """What an upstream's error body says, in one line: the `message` of an OpenAI-style (or similar)
+    JSON error, else the text itself."""
+    words = text
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        found = error.get("message") if isinstance(error, dict) else error
+        if not isinstance(found, str):
+            found = body.get("message") or body.get("detail")
+        if isinstance(found, str) and found.strip():
+            words = found
+    words = " ".join(words.split())
+    if len(words) > _WORDS_LIMIT:
+        words = words[: _WORDS_LIMIT - 1] + "…"
+    return words or "(no error text)"
+
+
+def _shown_url(url: str) -> str:
+    """A base_url as an answer may show it: without user name or password, should it hold any."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class _AttemptScope:

@@ -9,6 +9,8 @@ the only place where aiohttp exceptions are translated.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -151,7 +153,12 @@ def _network_outcome(exc: BaseException) -> Outcome:
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return Outcome.stall("upstream idle timeout")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return Outcome.network(f"cannot connect: {exc.os_error.strerror or exc.os_error}")
+        # In words: "connection refused", not aiohttp's "Connect call failed ('127.0.0.1', 11434)".
+        os_error = exc.os_error
+        if isinstance(os_error, socket.gaierror):
+            return Outcome.network(f"cannot resolve {exc.host}: {os_error.strerror or os_error}")
+        words = os.strerror(os_error.errno) if os_error.errno else str(os_error.strerror or os_error)
+        return Outcome.network(words[:1].lower() + words[1:])
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         return Outcome.network("upstream closed the connection")
     return Outcome.network(type(exc).__name__)

@@ -224,3 +224,35 @@ def test_an_error_body_over_1_mib_is_a_well_formed_error_that_says_so(
     assert error["message"] == "loc-1: 400 with an error body larger than 1 MiB, not relayed"
     assert len(response.content) < 1000
     proxy.settled()
+
+
+def test_the_answer_starts_with_what_the_last_upstream_said(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """Both keys answered 429 and cool: the 429 says so first, not only "cooling"."""
+    up = upstreams()
+    limited = {"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}
+    up.fake.default(Reply("error", status=429, body=limited))
+    proxy = launch(provider("cloud", "apikey", up.url, "key-a", "key-b"))
+    response = proxy.chat("cloud/m1")
+    error = error_of(response, 429)
+    assert error["code"] == "all_targets_cooling"
+    assert error["message"].startswith("key-b: 429 Rate limit reached; no target is available right now: ")
+    assert error["upstreamError"] == {"connectionId": "key-b", "status": 429, "message": "Rate limit reached"}
+    assert len(up.calls()) == 2
+    proxy.settled()
+
+
+def test_an_answer_without_attempts_of_its_own_names_no_upstream_error(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    up.fake.default(Reply("error", status=503, body={"error": {"message": "overloaded"}}))
+    proxy = launch(provider("cloud", "apikey", up.url, "key-a"))
+    first = error_of(proxy.chat("cloud/m1"), 429)
+    assert first["message"].startswith("key-a: 503 overloaded; ")
+    second = error_of(proxy.chat("cloud/m1"), 429)  # blocked by the first one's cooldown: no attempt
+    assert "upstreamError" not in second
+    assert second["message"].startswith("no target is available right now")
+    assert len(up.calls()) == 1
+    proxy.settled()
