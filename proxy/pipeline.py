@@ -320,6 +320,14 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
+            if _claims_json(upstream.content_type) and not _is_json(content):
+                # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
+                # off) is no success: the client could not use it, so the next candidate is tried.
+                broken = Outcome.network(
+                    f"answered {upstream.status} with a body that is not the JSON it claims"
+                )
+                self._failed(scope, broken, progress, headers)
+                return None
             scope.finish(Outcome.ok(upstream.status))
             return Response(
                 scrub.secrets(content),
@@ -578,6 +586,19 @@ def _error_words(text: str) -> str:
     if len(words) > _WORDS_LIMIT:
         words = words[: _WORDS_LIMIT - 1] + "…"
     return words or "(no error text)"
+
+
+def _claims_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _is_json(content: bytes) -> bool:
+    try:
+        json.loads(content)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return True
 
 
 def _shown_url(url: str) -> str:

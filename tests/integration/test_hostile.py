@@ -256,3 +256,31 @@ def test_an_answer_without_attempts_of_its_own_names_no_upstream_error(
     assert second["message"].startswith("no target is available right now")
     assert len(up.calls()) == 1
     proxy.settled()
+
+
+@pytest.mark.parametrize("body", ["<html>Please log in</html>", '{"choices": [{"index": 0', ""])
+def test_a_200_whose_body_is_not_the_json_it_claims_is_a_failure_that_falls_back(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], body: str
+) -> None:
+    a, b = upstreams("a"), upstreams("b")
+    a.fake.default(Reply("error", status=200, body=body, headers={"content-type": "application/json"}))
+    config = (
+        provider("one", "local", a.url, "one-1")
+        + provider("two", "local", b.url, "two-1")
+        + '[combos.duo]\nstrategy = "priority"\ntargets = ["one/m1", "two/m1"]\n'
+    )
+    proxy = launch(config, settings={"connectionCooldown": {"local": {"baseCooldownMs": 0}}})
+    response = proxy.chat("duo")
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "hello from b"
+    assert response.headers["x-omniroute-fallback-attempts"] == "1"
+    assert proxy.breaker("one")["failureCount"] == 1
+    assert proxy.connection("one-1")["lastError"] == "answered 200 with a body that is not the JSON it claims"
+
+    second = proxy.chat("one/m1")  # the second failure opens the local breaker: 503, saying why
+    only = error_of(second, second.status_code)
+    assert second.status_code in (502, 503)
+    assert only["message"].startswith(
+        f"one-1: answered 200 with a body that is not the JSON it claims at {a.url}"
+    )
+    proxy.settled()
