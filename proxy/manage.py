@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -74,6 +74,8 @@ def _answers(handler: Handler) -> Handler:
             return await handler(request)
         except _Rejected as rejected:
             return rejected.response()
+        except ClientDisconnect:  # gone before its body arrived: nothing was done, nobody reads this
+            return error_response(499, "the client went away before its body arrived", "client_disconnected")
 
     return endpoint
 

@@ -9,15 +9,16 @@ byte a failed attempt may still fall back, after it the stream ends with an erro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -41,7 +42,6 @@ CLASSIFIED_ERROR_BYTES = 64 * 1024
 start); the client gets the whole body, up to MAX_ERROR_BODY."""
 SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
 WAIT_SLACK_MS = 50.0
-DISCONNECT_POLL_S = 0.25
 _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
@@ -101,6 +101,8 @@ class Pipeline:
             raw = await _read_body(request)
         except BodyTooLarge:
             return error_response(413, "request body exceeds 32 MiB", "request_too_large")
+        except ClientDisconnect:  # gone before its body arrived: nobody reads this
+            return error_response(499, "the client went away before its body arrived", "client_disconnected")
         try:
             body = untrusted.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
@@ -144,7 +146,9 @@ class Pipeline:
         stats.started()
         response: Response | None = None
         try:
-            response = await self._route(request, endpoint, rest, route.targets, stream, session)
+            response = await _while_connected(
+                request, self._route(endpoint, rest, route.targets, stream, session)
+            )
             return response
         finally:
             # A stream counts itself when it ends; everything else ends here.
@@ -156,7 +160,6 @@ class Pipeline:
 
     async def _route(
         self,
-        request: Request,
         endpoint: str,
         rest: bytes,
         targets: list[Target],
@@ -168,11 +171,8 @@ class Pipeline:
         while True:
             decision = engine.select(targets, tried=progress.tried, session=session)
             if isinstance(decision, NoTarget):
-                waited = await self._maybe_wait(request, decision, progress)
-                if waited is None:
+                if not await self._maybe_wait(decision, progress):
                     return self._unavailable(decision, progress, targets)
-                if not waited:
-                    return error_response(499, "client disconnected while waiting", "client_disconnected")
                 progress.tried.clear()
                 continue
             response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session)
@@ -181,42 +181,31 @@ class Pipeline:
             progress.tried.append(decision.connection.spec.id)
             progress.failed_attempts += 1
 
-    async def _maybe_wait(self, request: Request, decision: NoTarget, progress: _Progress) -> bool | None:
-        """Cooldown-aware retry: None = do not wait; True = waited; False = the client left."""
+    async def _maybe_wait(self, decision: NoTarget, progress: _Progress) -> bool:
+        """Cooldown-aware retry: wait for the earliest recovery if the rules allow (True), or not.
+
+        The engine's clock decides when the wait ends, like every other engine duration, so the
+        wait is as long in engine time as the cooldown it waits out (and a FakeClock test ends it by
+        advancing). A client that leaves cancels it (`_while_connected`).
+        """
         wait = self.engine.settings.combo_wait()
         if not wait.active or not decision.all_waitable or progress.waits >= wait.max_attempts:
-            return None
+            return False
         wake = decision.earliest_waitable
         if wake is None:
-            return None
+            return False
         now = self.engine.clock.now()
         delay_ms = max(0.0, wake - now) + WAIT_SLACK_MS
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
-            return None
+            return False
         progress.waits += 1
         progress.waited_ms += delay_ms
         self.waiting += 1
         try:
-            return await self._wait_until(request, now + delay_ms)
+            await sleep_until(self.engine.clock, now + delay_ms)
         finally:
             self.waiting -= 1
-
-    async def _wait_until(self, request: Request, when: float) -> bool:
-        """Wait until the engine's clock reads `when` (True), or until the client leaves (False).
-
-        The clock decides when the wait ends, like every other engine duration, so the wait is as
-        long in engine time as the cooldown it waits out (and a FakeClock test ends it by advancing).
-        """
-        timer = asyncio.ensure_future(sleep_until(self.engine.clock, when))
-        try:
-            while True:
-                done, _ = await asyncio.wait((timer,), timeout=DISCONNECT_POLL_S)
-                if done:
-                    return True
-                if await request.is_disconnected():
-                    return False
-        finally:
-            timer.cancel()
+        return True
 
     async def _attempt(
         self,
@@ -739,6 +728,41 @@ def _with_model(model: str, rest: bytes) -> bytes:
     """`{"model": <model>, ...rest}` from the encoded rest of the body (a JSON object)."""
     head = b'{"model": ' + untrusted.dumps(model)
     return head + b"}" if rest == b"{}" else head + b", " + rest[1:]
+
+
+async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
+
+    A client that goes away ends them at once, wherever they are: waiting for a concurrency slot,
+    in the request queue, waiting out a cooldown, or waiting for a non-streamed upstream answer
+    (whose connection is then closed, so the upstream stops working on it too). Each attempt's
+    scope then records a disconnect, which counts against no layer, and gives its places back.
+    A stream, once its response is returned, is watched by the response itself.
+    """
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request.receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (shutdown): the attempts go with it
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task  # its scopes' finally blocks run now: slots and probe are back before we answer
+        return error_response(499, "the client went away before the answer", "client_disconnected")
+    return task.result()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Return when the client disconnects. Called once the body has been read, when the next message
+    the server has for us is `http.disconnect` (at the latest when the response is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        # Nothing else should come after the body; should a server send something anyway, stop
+        # watching rather than spin on it: the request then runs as if the client stayed.
+        await asyncio.Event().wait()
 
 
 async def _read_body(request: Request) -> bytes:
