@@ -153,6 +153,12 @@ class Config:
     def connection(self, connection_id: str) -> ConnectionConfig | None:
         return self._by_id.get(connection_id)
 
+    def refusals(self) -> list[Problem]:
+        """What `omniroute serve` refuses to start with, as configured (no --host/--port given):
+        a non-loopback host without a management token and api_keys."""
+        refusal = self.server.bind_refusal()
+        return [Problem(refusal, "server.host")] if refusal is not None else []
+
     def secrets(self) -> list[str]:
         """Every secret the file configures (or the environment supplies): upstream keys, client
         api_keys, the management token. None of them may appear in what the program shows."""
@@ -162,14 +168,40 @@ class Config:
         return [*keys, *server.api_keys, *token]
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a config file: at a dotted `key` (`providers.x.class`), or at a `line`
+    (TOML syntax), or about the whole file. `line` is where the key is written, when it can be told."""
+
+    message: str
+    key: str | None = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        if self.key:
+            return f"{self.key}: {self.message}"
+        if self.line is not None:
+            return f"line {self.line}: {self.message}"
+        return self.message
+
+    def to_dict(self, path: Path | None) -> dict[str, object]:
+        """`{file, key, line, message}`, as `omniroute config check --json` lists problems."""
+        return {
+            "file": None if path is None else str(path),
+            "key": self.key,
+            "line": self.line,
+            "message": self.message,
+        }
+
+
 class ConfigError(Exception):
     """A config file that cannot be used. `str()` is the whole message, one problem per line."""
 
-    def __init__(self, path: Path | None, problems: Sequence[str]) -> None:
+    def __init__(self, path: Path | None, problems: Sequence[Problem | str]) -> None:
         self.path = path
-        self.problems = tuple(problems)
+        self.problems = tuple(p if isinstance(p, Problem) else Problem(p) for p in problems)
         prefix = f"{path}: " if path is not None else ""
-        super().__init__("\n".join(prefix + p for p in self.problems))
+        super().__init__("\n".join(f"{prefix}{p}" for p in self.problems))
 
 
 def is_loopback_host(host: str) -> bool:
@@ -302,20 +334,110 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [_toml_error(str(e))]) from None
+    except RecursionError:  # arrays or inline tables nested deeper than the parser goes
+        raise ConfigError(
+            path, [Problem("values nested too deeply to read (invalid TOML for omniroute)")]
+        ) from None
     reader = _Reader(env)
     config = reader.config(doc, path)
     if reader.problems:
-        raise ConfigError(path, reader.problems)
+        lines = _key_lines(text)
+        raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems])
     exposure = _exposure_warnings(config, path, reader.inline_secrets)
     warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure)]
     return replace(config, warnings=tuple(warnings))
 
 
-def _toml_error(message: str) -> str:
+def check_config(path: Path | None, env: Mapping[str, str] = os.environ, *, explicit: bool = False) -> Config:
+    """`load_config`, and then everything `omniroute serve` would refuse to start with as the file
+    stands (`refusals`): what `omniroute config check` runs. ConfigError names every problem."""
+    config = load_config(path, env, explicit=explicit)
+    refusals = config.refusals()
+    if refusals:
+        text = _read_text(config.source)
+        lines = _key_lines(text) if text is not None else {}
+        raise ConfigError(config.source, [replace(p, line=_line_of(p.key, lines)) for p in refusals])
+    return config
+
+
+def _read_text(path: Path | None) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8") if path is not None else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _toml_error(message: str) -> Problem:
     m = _TOML_ERROR_RE.match(message)
     if m:
-        return f"line {m['line']}: {m['msg']} (column {m['col']}; invalid TOML)"
-    return f"{message} (invalid TOML)"
+        return Problem(f"{m['msg']} (column {m['col']}; invalid TOML)", line=int(m["line"]))
+    return Problem(f"{message} (invalid TOML)")
+
+
+_HEADER_RE = re.compile(r"^\s*(\[\[?)\s*(?P<name>[^\]]+?)\s*\]\]?\s*(#.*)?$")
+_ASSIGN_RE = re.compile(r"^\s*(?P<name>[A-Za-z0-9_\-.\"' ]+?)\s*=")
+
+
+def _toml_key(text: str) -> list[str]:
+    """The parts of a dotted TOML key (`providers."my.id".class`), quotes removed."""
+    parts: list[str] = []
+    current = ""
+    quote = ""
+    for ch in text.strip():
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                current += ch
+        elif ch in "\"'":
+            quote = ch
+        elif ch == ".":
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    parts.append(current.strip())
+    return parts
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Where each table and key of a TOML text is written, by the dotted names `Problem.key` uses
+    (`providers.x.connections[1].id`): the first line that defines it. A line scanner, not a
+    parser: good for the files people write, silent (no entry) where it cannot tell."""
+    found: dict[str, int] = {}
+    arrays: dict[str, int] = {}
+    table = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER_RE.match(line)
+        if header is not None:
+            name = ".".join(_toml_key(header["name"]))
+            if header.group(1) == "[[":
+                index = arrays.get(name, -1) + 1
+                arrays[name] = index
+                name = f"{name}[{index}]"
+            else:
+                # A table inside an array of tables belongs to its latest element.
+                for array, index in sorted(arrays.items(), key=lambda item: -len(item[0])):
+                    if name.startswith(array + "."):
+                        name = f"{array}[{index}]{name[len(array) :]}"
+                        break
+            table = name
+            found.setdefault(name, number)
+            continue
+        assign = _ASSIGN_RE.match(line)
+        if assign is not None:
+            key = ".".join(_toml_key(assign["name"]))
+            found.setdefault(f"{table}.{key}" if table else key, number)
+    return found
+
+
+def _line_of(key: str | None, lines: Mapping[str, int]) -> int | None:
+    """The line of `key`, or of the nearest enclosing key or table that is written in the file."""
+    while key:
+        if key in lines:
+            return lines[key]
+        key = key[: key.rfind("[")] if key.endswith("]") else key.rpartition(".")[0]
+    return None
 
 
 def _with_env_token(server: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
@@ -332,9 +454,6 @@ def _exposure_warnings(config: Config, path: Path, inline_secrets: Sequence[str]
             f"holds secrets inline ({', '.join(inline_secrets)}) but others can read it (mode {mode:04o}): "
             f"run `chmod 600 {path}`, or use api_key_env / {MANAGEMENT_TOKEN_ENV}"
         )
-    refusal = config.server.bind_refusal()
-    if refusal:
-        warnings.append(f"server.host: {refusal}")
     return warnings
 
 
@@ -387,13 +506,13 @@ class _Reader:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
-        self.problems: list[str] = []
+        self.problems: list[Problem] = []
         self.warnings: list[str] = []
         self.inline_secrets: list[str] = []
         """Where the file itself holds a secret (for the file-mode warning)."""
 
     def problem(self, key: str, message: str) -> None:
-        self.problems.append(f"{key}: {message}")
+        self.problems.append(Problem(message, key))
 
     # typed getters ---------------------------------------------------------------------------
 

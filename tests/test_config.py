@@ -10,6 +10,7 @@ from proxy.config import (
     ConfigError,
     ConnectionConfig,
     ServerConfig,
+    check_config,
     default_config_path,
     default_state_path,
     embedded_default,
@@ -504,10 +505,48 @@ def test_bind_refusal_for_non_loopback_without_token_and_keys() -> None:
     assert ServerConfig(host="0.0.0.0", management_token="t", api_keys=("k",)).bind_refusal() is None
 
 
-def test_exposed_host_in_the_file_warns(tmp_path: Path) -> None:
-    path = write(tmp_path, '[server]\nhost = "0.0.0.0"\n')
-    (warning,) = load_config(path, {}).warnings
-    assert warning.startswith(f"{path}: server.host: refusing to listen on 0.0.0.0")
+def test_an_exposed_host_in_the_file_is_a_problem_for_check_config(tmp_path: Path) -> None:
+    """`serve` refuses it, so `config check` (check_config) must too; it is no mere warning of
+    load_config (which `serve --host 127.0.0.1` would then print about a host it does not use)."""
+    path = write(tmp_path, '[server]\nport = 20200\nhost = "0.0.0.0"\n')
+    assert load_config(path, {}).warnings == ()
+    with pytest.raises(ConfigError) as caught:
+        check_config(path, {})
+    (problem,) = caught.value.problems
+    assert (problem.key, problem.line) == ("server.host", 3)
+    assert problem.message.startswith("refusing to listen on 0.0.0.0")
+    assert str(caught.value).startswith(f"{path}: server.host: refusing to listen on 0.0.0.0")
+    safe = write(tmp_path, '[server]\nhost = "0.0.0.0"\nmanagement_token = "t"\napi_keys = ["k"]\n')
+    assert check_config(safe, {}).server.host == "0.0.0.0"
+
+
+def test_problems_name_their_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[server]\nport = "high"\n\n[providers.x]\nclass = "cloud"\n\n[[providers.x.connections]]\nid = "a"\n'
+        '\n[[providers.x.connections]]\nid = "b"\npriority = -1\n',
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert [(p.key, p.line) for p in caught.value.problems] == [
+        ("server.port", 2),
+        ("providers.x.class", 5),
+        ("providers.x.base_url", 4),  # missing: the line of its table
+        ("providers.x.connections[1].priority", 12),
+    ]
+    assert caught.value.problems[0].to_dict(path) == {
+        "file": str(path),
+        "key": "server.port",
+        "line": 2,
+        "message": "must be an integer between 1 and 65,535 (got a string)",
+    }
+
+
+def test_a_deeply_nested_value_is_a_problem_not_a_recursion_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert str(caught.value) == f"{path}: values nested too deeply to read (invalid TOML for omniroute)"
 
 
 # --- starter file --------------------------------------------------------------------------------
