@@ -1,9 +1,10 @@
 """Keys an upstream echoes never leave the proxy (issue #10).
 
 Upstreams quote the key they were sent in every place they can: an error body, response headers, a
-stream's error event, a success body. Then every API answer, the CLI's `--json` views, every log
-line, every event and the raw bytes of the state file (database and WAL) are searched for each
-configured key, and for the credential-shaped strings the upstreams made up.
+stream's error event, a success body. Then every API answer, the CLI's `--json` views, the
+console's connection rows and detail panes, every log line, every event and the raw bytes of the
+state file (database and WAL) are searched for each configured key, and for the credential-shaped
+strings the upstreams made up.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from omniroute_tui import snapshot
 from proxy import logs
 from proxy.config import load_config
 from proxy.runtime import Runtime
@@ -126,6 +128,13 @@ def test_an_echoed_key_is_in_no_answer_view_log_event_or_state_file(
         assert result.code in (0, 6), result.stderr
         seen.extend((result.stdout, result.stderr))
     seen.extend(json.dumps(event.to_dict()) for event in proxy.rt.bus.after(0))
+    # The console: each connection's row and detail pane (with its event history).
+    engine = proxy.rt.engine
+    history = [snapshot.event_entry(event) for event in proxy.rt.bus.after(0)]
+    for conn in engine.connections.values():
+        now = engine.clock.now()
+        seen.append(repr(snapshot.connection_row(conn, now)))
+        seen.append(repr(snapshot.connection_detail(engine, conn, history, now)))
     unsubscribe()
 
     state = proxy.state_path
