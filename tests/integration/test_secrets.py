@@ -165,21 +165,24 @@ def test_a_state_file_written_before_scrubbing_is_scrubbed_on_start(tmp_path: Pa
     SqliteStore(state).close()  # the schema
     db = sqlite3.connect(state)
     db.execute("PRAGMA secure_delete=OFF")  # as an older version wrote it
+    sql = "INSERT OR REPLACE INTO connections (id, data) VALUES (?, ?)"
     for n in range(20):
-        record = {
-            "connection_id": "one-1",
-            "provider": "one",
-            "enabled": True,
-            "terminal": "expired",
-            "last_error": f"401: attempt {n}: " + echo_text(KEY_A),
-            "last_error_type": "expired",
-            "error_code": 401,
-            "last_error_at": 1_767_225_600_000.0 + n,
-        }
-        db.execute(
-            "INSERT OR REPLACE INTO connections (id, data) VALUES (?, ?)", ("one-1", json.dumps(record))
-        )
-        db.commit()
+        for connection_id in ("one-1", "two-1"):
+            record = {
+                "connection_id": connection_id,
+                "provider": connection_id.split("-")[0],
+                "enabled": True,
+                "terminal": "expired",
+                "last_error": f"401: attempt {n}: " + echo_text(KEY_A),
+                "last_error_type": "expired",
+                "error_code": 401,
+                "last_error_at": 1_767_225_600_000.0 + n,
+            }
+            db.execute(sql, (connection_id, json.dumps(record)))
+            db.commit()
+    # two-1 was reset since: its row says nothing any more, but the file's free space still does.
+    db.execute(sql, ("two-1", json.dumps({"connection_id": "two-1", "provider": "two", "enabled": True})))
+    db.commit()
     db.close()
     assert KEY_A.encode() in state.read_bytes()
 
