@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from proxy import untrusted
 from proxy.guard import Guard
 from proxy.manage import management_routes
 from proxy.responses import error_response, json_response
@@ -55,9 +56,11 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
         if status == 405:
             return error_response(
-                405, f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+                405,
+                f"{untrusted.echo(request.method)} is not allowed on {untrusted.echo(request.url.path)}",
+                "method_not_allowed",
             )
-        return error_response(404, f"no route {request.url.path}", "not_found")
+        return error_response(404, f"no route {untrusted.echo(request.url.path)}", "not_found")
 
     async def client_gone(request: Request, exc: Exception) -> Response:
         # The client hung up while sending its body: nobody will read an answer, and it is not a

@@ -117,6 +117,10 @@ class ServerConfig:
     connect_timeout_ms: int = 10_000
     first_byte_timeout_ms: int = 120_000
     idle_timeout_ms: int = 120_000
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names (lower-case, no port) answered besides loopback ones when no credential is asked."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (`scheme://host[:port]`, lower-case) allowed to call the proxy; default none."""
 
     def bind_refusal(self, host: str | None = None) -> str | None:
         """Why binding `host` (default: the configured one) must be refused, or None when it is safe.
@@ -149,24 +153,109 @@ class Config:
     def connection(self, connection_id: str) -> ConnectionConfig | None:
         return self._by_id.get(connection_id)
 
+    def refusals(self) -> list[Problem]:
+        """What `omniroute serve` refuses to start with, as configured (no --host/--port given):
+        a non-loopback host without a management token and api_keys."""
+        refusal = self.server.bind_refusal()
+        return [Problem(refusal, "server.host")] if refusal is not None else []
+
+    def secrets(self) -> list[str]:
+        """Every secret the file configures (or the environment supplies): upstream keys, client
+        api_keys, the management token. None of them may appear in what the program shows."""
+        server = self.server
+        keys = [c.api_key for c in self._by_id.values() if c.api_key]
+        token = [server.management_token] if server.management_token else []
+        return [*keys, *server.api_keys, *token]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a config file: at a dotted `key` (`providers.x.class`), or at a `line`
+    (TOML syntax), or about the whole file. `line` is where the key is written, when it can be told."""
+
+    message: str
+    key: str | None = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        if self.key:
+            return f"{self.key}: {self.message}"
+        if self.line is not None:
+            return f"line {self.line}: {self.message}"
+        return self.message
+
+    def to_dict(self, path: Path | None) -> dict[str, object]:
+        """`{file, key, line, message}`, as `omniroute config check --json` lists problems."""
+        return {
+            "file": None if path is None else str(path),
+            "key": self.key,
+            "line": self.line,
+            "message": self.message,
+        }
+
 
 class ConfigError(Exception):
     """A config file that cannot be used. `str()` is the whole message, one problem per line."""
 
-    def __init__(self, path: Path | None, problems: Sequence[str]) -> None:
+    def __init__(self, path: Path | None, problems: Sequence[Problem | str]) -> None:
         self.path = path
-        self.problems = tuple(problems)
+        self.problems = tuple(p if isinstance(p, Problem) else Problem(p) for p in problems)
         prefix = f"{path}: " if path is not None else ""
-        super().__init__("\n".join(prefix + p for p in self.problems))
+        super().__init__("\n".join(f"{prefix}{p}" for p in self.problems))
 
 
 def is_loopback_host(host: str) -> bool:
-    if host.lower() == "localhost":
+    """Is `host` (a name or an address, IPv6 with or without brackets) this machine's loopback?
+
+    `localhost` and any `*.localhost` (RFC 6761: resolvers, browsers included, answer them with
+    loopback themselves, so no DNS record can point them elsewhere), 127.0.0.0/8, ::1, and
+    ::ffff:127.x.y.z (an IPv4 loopback client as a dual-stack socket reports it)."""
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
         return True
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def host_name(value: str) -> str:
+    """The host of a `Host` header (or a config entry): lower-case, without port, brackets or the
+    trailing dot of an absolute name. `[::1]:20128` -> `::1`, `Proxy.LAN.:80` -> `proxy.lan`."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1 :] if end > 0 else None
+        if rest is None or not (rest == "" or (rest[:1] == ":" and rest[1:].isdigit())):
+            return value  # malformed: equal to no name, loopback or allowed
+        return value[1:end]
+    name, colon, port = value.rpartition(":")
+    if colon and ":" not in name and (port.isdigit() or not port):
+        value = name
+    return value[:-1] if value.endswith(".") and value != "." else value
+
+
+def normal_origin(value: str) -> str | None:
+    """An origin as browsers serialise it (`http://localhost:3000`: lower-case scheme and host, no
+    default port, no path), or None when `value` is not one."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return None
+    host = parts.hostname
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
 # --- paths ---------------------------------------------------------------------------------------
@@ -245,20 +334,110 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, [_toml_error(str(e))]) from None
+    except RecursionError:  # arrays or inline tables nested deeper than the parser goes
+        raise ConfigError(
+            path, [Problem("values nested too deeply to read (invalid TOML for omniroute)")]
+        ) from None
     reader = _Reader(env)
     config = reader.config(doc, path)
     if reader.problems:
-        raise ConfigError(path, reader.problems)
+        lines = _key_lines(text)
+        raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems])
     exposure = _exposure_warnings(config, path, reader.inline_secrets)
     warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure)]
     return replace(config, warnings=tuple(warnings))
 
 
-def _toml_error(message: str) -> str:
+def check_config(path: Path | None, env: Mapping[str, str] = os.environ, *, explicit: bool = False) -> Config:
+    """`load_config`, and then everything `omniroute serve` would refuse to start with as the file
+    stands (`refusals`): what `omniroute config check` runs. ConfigError names every problem."""
+    config = load_config(path, env, explicit=explicit)
+    refusals = config.refusals()
+    if refusals:
+        text = _read_text(config.source)
+        lines = _key_lines(text) if text is not None else {}
+        raise ConfigError(config.source, [replace(p, line=_line_of(p.key, lines)) for p in refusals])
+    return config
+
+
+def _read_text(path: Path | None) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8") if path is not None else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _toml_error(message: str) -> Problem:
     m = _TOML_ERROR_RE.match(message)
     if m:
-        return f"line {m['line']}: {m['msg']} (column {m['col']}; invalid TOML)"
-    return f"{message} (invalid TOML)"
+        return Problem(f"{m['msg']} (column {m['col']}; invalid TOML)", line=int(m["line"]))
+    return Problem(f"{message} (invalid TOML)")
+
+
+_HEADER_RE = re.compile(r"^\s*(\[\[?)\s*(?P<name>[^\]]+?)\s*\]\]?\s*(#.*)?$")
+_ASSIGN_RE = re.compile(r"^\s*(?P<name>[A-Za-z0-9_\-.\"' ]+?)\s*=")
+
+
+def _toml_key(text: str) -> list[str]:
+    """The parts of a dotted TOML key (`providers."my.id".class`), quotes removed."""
+    parts: list[str] = []
+    current = ""
+    quote = ""
+    for ch in text.strip():
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                current += ch
+        elif ch in "\"'":
+            quote = ch
+        elif ch == ".":
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    parts.append(current.strip())
+    return parts
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Where each table and key of a TOML text is written, by the dotted names `Problem.key` uses
+    (`providers.x.connections[1].id`): the first line that defines it. A line scanner, not a
+    parser: good for the files people write, silent (no entry) where it cannot tell."""
+    found: dict[str, int] = {}
+    arrays: dict[str, int] = {}
+    table = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER_RE.match(line)
+        if header is not None:
+            name = ".".join(_toml_key(header["name"]))
+            if header.group(1) == "[[":
+                index = arrays.get(name, -1) + 1
+                arrays[name] = index
+                name = f"{name}[{index}]"
+            else:
+                # A table inside an array of tables belongs to its latest element.
+                for array, index in sorted(arrays.items(), key=lambda item: -len(item[0])):
+                    if name.startswith(array + "."):
+                        name = f"{array}[{index}]{name[len(array) :]}"
+                        break
+            table = name
+            found.setdefault(name, number)
+            continue
+        assign = _ASSIGN_RE.match(line)
+        if assign is not None:
+            key = ".".join(_toml_key(assign["name"]))
+            found.setdefault(f"{table}.{key}" if table else key, number)
+    return found
+
+
+def _line_of(key: str | None, lines: Mapping[str, int]) -> int | None:
+    """The line of `key`, or of the nearest enclosing key or table that is written in the file."""
+    while key:
+        if key in lines:
+            return lines[key]
+        key = key[: key.rfind("[")] if key.endswith("]") else key.rpartition(".")[0]
+    return None
 
 
 def _with_env_token(server: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
@@ -275,9 +454,6 @@ def _exposure_warnings(config: Config, path: Path, inline_secrets: Sequence[str]
             f"holds secrets inline ({', '.join(inline_secrets)}) but others can read it (mode {mode:04o}): "
             f"run `chmod 600 {path}`, or use api_key_env / {MANAGEMENT_TOKEN_ENV}"
         )
-    refusal = config.server.bind_refusal()
-    if refusal:
-        warnings.append(f"server.host: {refusal}")
     return warnings
 
 
@@ -330,13 +506,13 @@ class _Reader:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
-        self.problems: list[str] = []
+        self.problems: list[Problem] = []
         self.warnings: list[str] = []
         self.inline_secrets: list[str] = []
         """Where the file itself holds a secret (for the file-mode warning)."""
 
     def problem(self, key: str, message: str) -> None:
-        self.problems.append(f"{key}: {message}")
+        self.problems.append(Problem(message, key))
 
     # typed getters ---------------------------------------------------------------------------
 
@@ -442,6 +618,8 @@ class _Reader:
                 "connect_timeout_ms",
                 "first_byte_timeout_ms",
                 "idle_timeout_ms",
+                "allowed_hosts",
+                "allowed_origins",
             ),
         )
         default_combo = self.str_(t, w, "default_combo")
@@ -460,12 +638,43 @@ class _Reader:
                 t, w, "first_byte_timeout_ms", d.first_byte_timeout_ms, *_TIMEOUT_RANGE
             ),
             idle_timeout_ms=self.int_(t, w, "idle_timeout_ms", d.idle_timeout_ms, *_TIMEOUT_RANGE),
+            allowed_hosts=self.hosts(t, w),
+            allowed_origins=self.origins(t, w),
         )
         if server.management_token:
             self.inline_secrets.append("server.management_token")
         if server.api_keys:
             self.inline_secrets.append("server.api_keys")
         return _with_env_token(server, self.env)
+
+    def hosts(self, t: Mapping[str, Any], w: str) -> tuple[str, ...]:
+        """`allowed_hosts`: names or addresses a `Host` header may carry (any port)."""
+        hosts = []
+        for i, value in enumerate(self.str_list(t, w, "allowed_hosts")):
+            name = host_name(value)
+            if not name or any(c in name for c in "/@ \t") or _has_control(name):
+                self.problem(
+                    f"{w}.allowed_hosts[{i}]",
+                    f"must be a host name or address such as 'proxy.lan' or '192.168.1.20' (got {_shown(value)})",
+                )
+            else:
+                hosts.append(name)
+        return tuple(hosts)
+
+    def origins(self, t: Mapping[str, Any], w: str) -> tuple[str, ...]:
+        """`allowed_origins`: exact browser origins, as a browser writes them in `Origin`."""
+        origins = []
+        for i, value in enumerate(self.str_list(t, w, "allowed_origins")):
+            origin = normal_origin(value)
+            if origin is None:
+                self.problem(
+                    f"{w}.allowed_origins[{i}]",
+                    "must be an origin such as 'http://localhost:3000' (scheme, host and port only)"
+                    f" (got {_shown(value)})",
+                )
+            else:
+                origins.append(origin)
+        return tuple(origins)
 
     def provider(self, pid: str, raw: object, seen_connections: dict[str, str]) -> ProviderConfig:
         w = f"providers.{pid}"

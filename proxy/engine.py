@@ -36,6 +36,7 @@ from proxy.resilience.outcome import Outcome, OutcomeKind, ProviderClass
 from proxy.resilience.restate import RestatementRule, restate, rules_for
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.timefmt import iso
+from proxy.scrub import Scrubber
 from proxy.settings import Settings
 from proxy.store import BadRecord, MemoryStore, StateStore, StoredState
 
@@ -246,8 +247,12 @@ class Engine:
         probe_timeout_ms: float = 120_000,
         max_lockouts: int = MAX_LOCKOUT_ENTRIES,
         max_session_pins: int = MAX_SESSION_PINS,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
+        self.scrubber = scrubber or Scrubber()
+        """What an upstream said goes through this before the engine keeps it (`lastError`, events,
+        the state file); the pipeline relays error text through the same one."""
         self.bus = bus or EventBus()
         self.store: StateStore = store or MemoryStore()
         self.settings = settings or Settings(clock=self.clock, emit=self._emit)
@@ -585,6 +590,13 @@ class Engine:
         cid = conn.spec.id
         model = attempt.target.model
 
+        if outcome.body or outcome.error:
+            # Only failures carry text; it may quote the key the attempt was sent with.
+            scrub = self.scrubber
+            outcome = Outcome(
+                outcome.kind, outcome.status, outcome.headers, scrub(outcome.body), scrub(outcome.error)
+            )
+
         client_retry: int | None = None
         if outcome.kind is OutcomeKind.STATUS and outcome.status is not None and outcome.status >= 400:
             restated = restate(outcome.status, outcome.body, provider.rules) if provider.rules else None
@@ -851,7 +863,7 @@ _STATE_COUNT_KEY = {
 
 
 def _describe(outcome: Outcome, verdict: Verdict) -> str:
-    """A short, secret-free description of an error for `lastError`."""
+    """A short description of an error for `lastError` (its text was scrubbed in `record`)."""
     if outcome.kind is OutcomeKind.STATUS:
         body = " ".join(outcome.body.split())[:160]
         return f"{outcome.status}: {body}" if body else f"{outcome.status} {verdict.reason}"

@@ -1,10 +1,25 @@
-"""Pure ASGI middleware at the door: request ids, client API keys, management auth, no tracebacks.
+"""Pure ASGI middleware at the door: browsers, credentials, request ids, no tracebacks.
 
-- `/v1/*`: when `server.api_keys` is set, a `Bearer` key from that list is required.
-- `/api/*`: with a management token, `Bearer <token>` is required (constant-time compare);
-  without one, only loopback clients are answered.
-- Every response carries `X-Request-Id`; an unexpected exception becomes a JSON 500 that says
-  nothing about our internals (the traceback goes to the log only).
+Checked in this order, each refusal a JSON error that names the rule:
+
+1. `Host` (421): a request that no credential authenticates (`/api/*` without a management token,
+   `/v1/*` without `server.api_keys`, anything else) must name this machine: a loopback name or
+   address, or one of `server.allowed_hosts`. A web page that points its own DNS name at 127.0.0.1
+   (DNS rebinding) sends its own name, so it is refused. A request without `Host` comes from no
+   browser and is let through.
+2. `Origin` (403): a browser says which page sent a request; only `server.allowed_origins`
+   (default: none) may. Such an origin also gets its CORS preflight (`OPTIONS`) answered and
+   `Access-Control-Allow-Origin` on every answer.
+3. Credentials: `/v1/*` needs a `Bearer` key from `server.api_keys` when that list is set (401);
+   `/api/*` needs `Bearer <management_token>` when one is set (401), else a loopback client (403).
+   Compared in constant time.
+4. `Content-Type` (415): a POST, PUT, PATCH or DELETE with a body must say `application/json`,
+   which no page can send across sites without a preflight that step 2 refuses (a form or a
+   no-cors fetch can only send text/plain, form data or multipart). A request without a body needs
+   no type.
+
+Every response carries `X-Request-Id`; an unexpected exception becomes a JSON 500 that says
+nothing about our internals (the traceback goes to the log only).
 """
 
 from __future__ import annotations
@@ -12,13 +27,24 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.config import ServerConfig, is_loopback_host
+from proxy.config import ServerConfig, host_name, is_loopback_host, normal_origin
 from proxy.responses import error_body
 
 log = logging.getLogger("omniroute")
+
+_UNSAFE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_CORS_ALLOW_HEADERS: Final = (
+    b"authorization, content-type, x-omniroute-connection, x-session-id, x-codex-session-id, "
+    b"x-omniroute-session"
+)
+_CORS_EXPOSE_HEADERS: Final = (
+    b"x-request-id, x-omniroute-selected-connection-id, x-omniroute-provider, "
+    b"x-omniroute-fallback-attempts, retry-after"
+)
 
 
 class Guard:
@@ -26,6 +52,8 @@ class Guard:
         self.app = app
         self.management_token = server.management_token.encode() if server.management_token else None
         self.api_keys = [k.encode() for k in server.api_keys]
+        self.allowed_hosts = frozenset(server.allowed_hosts)
+        self.allowed_origins = frozenset(server.allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -33,17 +61,31 @@ class Guard:
             return
         request_id = os.urandom(8).hex()
         scope.setdefault("state", {})["request_id"] = request_id
-        rid_header = (b"x-request-id", request_id.encode())
+        added = [(b"x-request-id", request_id.encode())]
+        headers = _headers(scope)
+        origin = headers.get(b"origin")
+        if origin is not None and self._origin_allowed(origin):
+            added += [
+                (b"access-control-allow-origin", origin),
+                (b"access-control-expose-headers", _CORS_EXPOSE_HEADERS),
+                (b"vary", b"Origin"),
+            ]
         started = False
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                message["headers"] = [*message.get("headers", []), rid_header]
+                message["headers"] = [*message.get("headers", []), *added]
             await send(message)
 
-        denial = self._deny(scope)
+        denial = self._door(scope, headers)
+        preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
+        if denial is None and origin is not None and preflight:
+            await _preflight(send_with_id)  # it carries no credential: answered before they are asked
+            return
+        if denial is None:
+            denial = self._access(scope, headers)
         if denial is not None:
             status, body = denial
             await _answer(send_with_id, status, body)
@@ -57,7 +99,33 @@ class Guard:
                     send_with_id, 500, error_body(500, "internal error; see the server log", "internal_error")
                 )
 
-    def _deny(self, scope: Scope) -> tuple[int, bytes] | None:
+    def _credential_needed(self, path: str) -> bool:
+        if path.startswith("/api/"):
+            return self.management_token is not None
+        return path.startswith("/v1/") and bool(self.api_keys)
+
+    def _door(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
+        """Steps 1 and 2: the Host and Origin rules."""
+        if not self._credential_needed(scope.get("path", "")):
+            host = headers.get(b"host")
+            if host is not None and not self._host_allowed(host):
+                return 421, error_body(
+                    421,
+                    "the Host header names another server: without a token this proxy answers only"
+                    " requests addressed to a loopback name or address, or to one of server.allowed_hosts",
+                    "misdirected_request",
+                )
+        origin = headers.get(b"origin")
+        if origin is not None and not self._origin_allowed(origin):
+            return 403, error_body(
+                403,
+                "requests from web pages are refused unless their origin is listed in server.allowed_origins",
+                "forbidden_origin",
+            )
+        return None
+
+    def _access(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
+        """Steps 3 and 4: credentials and the body's type."""
         path: str = scope.get("path", "")
         if path.startswith("/api/"):
             if self.management_token is None:
@@ -68,28 +136,59 @@ class Guard:
                         "the management API answers loopback clients only unless server.management_token is set",
                         "forbidden",
                     )
-                return None
-            if not _bearer_matches(scope, [self.management_token]):
+            elif not _bearer_matches(headers, [self.management_token]):
                 return 401, error_body(401, "missing or wrong management token", "unauthorized")
-            return None
-        if path.startswith("/v1/") and self.api_keys and not _bearer_matches(scope, self.api_keys):
+        elif self._credential_needed(path) and not _bearer_matches(headers, self.api_keys):
             return 401, error_body(401, "missing or wrong API key", "invalid_api_key")
+        if scope.get("method") in _UNSAFE_METHODS and not _json_or_empty(headers):
+            return 415, error_body(
+                415,
+                "a request body must be JSON, sent as Content-Type: application/json",
+                "unsupported_media_type",
+            )
         return None
 
+    def _host_allowed(self, header: bytes) -> bool:
+        name = host_name(header.decode("latin-1"))
+        return is_loopback_host(name) or name in self.allowed_hosts
 
-def _bearer_matches(scope: Scope, secrets: list[bytes]) -> bool:
+    def _origin_allowed(self, header: bytes) -> bool:
+        if not self.allowed_origins:
+            return False
+        origin = normal_origin(header.decode("latin-1"))
+        return origin is not None and origin in self.allowed_origins
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers by lower-case name (the first of repeated ones, as a browser sends one)."""
+    found: dict[bytes, bytes] = {}
     for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() != b"bearer":
-                return False
-            token = token.strip()
-            # Compare against every secret so the time taken does not tell which one nearly matched.
-            matched = False
-            for secret in secrets:
-                matched |= hmac.compare_digest(token, secret)
-            return matched
-    return False
+        found.setdefault(name, value)
+    return found
+
+
+def _json_or_empty(headers: dict[bytes, bytes]) -> bool:
+    """Does the request say its body is JSON, or have no body at all?"""
+    content_type = headers.get(b"content-type")
+    if content_type is not None:
+        return content_type.partition(b";")[0].strip().lower() == b"application/json"
+    length = headers.get(b"content-length", b"0").strip()
+    return b"transfer-encoding" not in headers and length.isdigit() and not length.lstrip(b"0")
+
+
+def _bearer_matches(headers: dict[bytes, bytes], secrets: list[bytes]) -> bool:
+    value = headers.get(b"authorization")
+    if value is None:
+        return False
+    scheme, _, token = value.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    token = token.strip()
+    # Compare against every secret so the time taken does not tell which one nearly matched.
+    matched = False
+    for secret in secrets:
+        matched |= hmac.compare_digest(token, secret)
+    return matched
 
 
 async def _answer(send: Send, status: int, body: bytes) -> None:
@@ -101,3 +200,19 @@ async def _answer(send: Send, status: int, body: bytes) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _preflight(send: Send) -> None:
+    """The answer to an allowed origin's CORS preflight: what it may send, for ten minutes."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 204,
+            "headers": [
+                (b"access-control-allow-methods", b"GET, POST, PUT, PATCH, DELETE"),
+                (b"access-control-allow-headers", _CORS_ALLOW_HEADERS),
+                (b"access-control-max-age", b"600"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})

@@ -8,15 +8,15 @@ unknown provider or connection, and nothing changes.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy import untrusted
 from proxy.openapi import openapi_route
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
@@ -28,7 +28,12 @@ __all__ = ["MAX_BODY_BYTES", "management_routes"]
 log = logging.getLogger("omniroute")
 
 MAX_BODY_BYTES = 1 << 20
+_FIELDS_SHOWN = 20
+"""The most bad fields one answer names (a body may hold thousands of unknown keys)."""
 """Management bodies are a few keys; anything near this size is a mistake, not a request."""
+
+_MAX_SEQ_DIGITS = 18
+"""An event sequence number fits in 18 digits (below 2**63); `after` may not be longer."""
 
 SOURCE = "api"
 """Who performed an operator action, as recorded in its `operator` event."""
@@ -53,7 +58,13 @@ class _Rejected(Exception):
 
 
 def _invalid(fields: list[FieldError]) -> _Rejected:
-    return _Rejected(400, "; ".join(f"{f.field or 'body'}: {f.message}" for f in fields), fields)
+    # A field's name is the client's own key: quoted, like every echo, at most ECHO_LIMIT characters.
+    # So many of them make a long answer too: past the first few, the rest are counted, not named.
+    shown = [FieldError(untrusted.echo(f.field), f.message) for f in fields[:_FIELDS_SHOWN]]
+    message = "; ".join(f"{f.field or 'body'}: {f.message}" for f in shown)
+    if len(fields) > _FIELDS_SHOWN:
+        message += f"; and {len(fields) - _FIELDS_SHOWN} more"
+    return _Rejected(400, message, shown)
 
 
 def _answers(handler: Handler) -> Handler:
@@ -64,12 +75,10 @@ def _answers(handler: Handler) -> Handler:
             return await handler(request)
         except _Rejected as rejected:
             return rejected.response()
+        except ClientDisconnect:  # gone before its body arrived: nothing was done, nobody reads this
+            return error_response(499, "the client went away before its body arrived", "client_disconnected")
 
     return endpoint
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -85,9 +94,9 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw, parse_constant=_no_constants)
+        body = untrusted.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise _Rejected(400, f"malformed JSON body: {exc}") from None
+        raise _Rejected(400, f"malformed JSON body: {untrusted.echo(str(exc))}") from None
     if not isinstance(body, dict):
         raise _invalid([FieldError("", f"the body must be a JSON object, not {_json_kind(body)}")])
     return body
@@ -120,6 +129,9 @@ def _text(body: dict[str, Any], key: str, errors: list[FieldError], *, required:
     if not isinstance(value, str) or not value:
         errors.append(FieldError(key, "must be a non-empty string"))
         return None
+    if not untrusted.is_text(value):  # a name is logged and shown: it must be text UTF-8 can hold
+        errors.append(FieldError(key, "must be text (it holds a lone surrogate escape)"))
+        return None
     return value
 
 
@@ -129,11 +141,11 @@ def management_routes(runtime: Runtime) -> list[Route]:
 
     def connection_or_404(connection_id: str) -> None:
         if connection_id not in engine.connections:
-            raise _Rejected(404, f"no connection '{connection_id}'")
+            raise _Rejected(404, f"no connection '{untrusted.echo(connection_id)}'")
 
     def provider_or_404(provider: str) -> None:
         if provider not in engine.providers:
-            raise _Rejected(404, f"no provider '{provider}'")
+            raise _Rejected(404, f"no provider '{untrusted.echo(provider)}'")
 
     # -- health and breakers ------------------------------------------------------------------
 
@@ -211,7 +223,10 @@ def management_routes(runtime: Runtime) -> list[Route]:
         if connection_id is not None:
             connection = engine.connections.get(connection_id)
             if connection is None or connection.spec.provider != provider:
-                raise _Rejected(404, f"provider '{provider}' has no connection '{connection_id}'")
+                raise _Rejected(
+                    404,
+                    f"provider '{untrusted.echo(provider)}' has no connection '{untrusted.echo(connection_id)}'",
+                )
         removed = engine.reenable(provider, model, connection_id, source=SOURCE)
         return json_response({"ok": True, "removed": removed})
 
@@ -243,9 +258,20 @@ def management_routes(runtime: Runtime) -> list[Route]:
 
     async def events(request: Request) -> Response:
         after_text = request.query_params.get("after", "0")
-        if not (after_text.isascii() and after_text.isdecimal()):
-            raise _invalid([FieldError("after", f"must be a non-negative integer (got {after_text!r})")])
-        return json_response({"events": [e.to_dict() for e in runtime.bus.after(int(after_text))]})
+        # Checked before int(): Python refuses to convert more than 4,300 digits (ValueError), and no
+        # sequence number has more than MAX_SEQ_DIGITS (a counter would take centuries to get there).
+        digits = after_text.lstrip("0") or "0"
+        if not (after_text.isascii() and after_text.isdecimal()) or len(digits) > _MAX_SEQ_DIGITS:
+            raise _invalid(
+                [
+                    FieldError(
+                        "after",
+                        f"must be a non-negative integer of at most {_MAX_SEQ_DIGITS} digits"
+                        f" (got {untrusted.echo(after_text)!r})",
+                    )
+                ]
+            )
+        return json_response({"events": [e.to_dict() for e in runtime.bus.after(int(digits))]})
 
     return [
         Route("/api/monitoring/health", _answers(health), methods=["GET"]),

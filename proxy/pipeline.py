@@ -10,16 +10,20 @@ after it the stream ends with an error event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
-from collections.abc import AsyncGenerator, Mapping
+import re
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from proxy import untrusted
 from proxy.config import Config
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Target
 from proxy.resilience.clock import sleep_until
@@ -30,17 +34,42 @@ from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
 from proxy.responses import error_response, sse_error
 from proxy.router import Router
+from proxy.scrub import Scrubber, StreamScrubber
 from proxy.sse import SSEParser
-from proxy.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from proxy.upstream import MAX_ERROR_BODY, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+CLASSIFIED_ERROR_BYTES = 64 * 1024
+"""What the engine reads of an error body (its markers, retry hints and lastError are near the
+start); the client gets the whole body, up to MAX_ERROR_BODY."""
 SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
 WAIT_SLACK_MS = 50.0
-DISCONNECT_POLL_S = 0.25
+_RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
+"""What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
+upstream puts there (its echo of our key, say) stays with us."""
 
 
 class BodyTooLarge(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _UpstreamError:
+    """One failed attempt as the client reads it: `ollama-1: connection refused at http://...`,
+    `key-b: 429 Rate limit reached`."""
+
+    connection_id: str
+    status: int | None
+    """The upstream's status; None when it never answered (refused, reset, timed out)."""
+    message: str
+    """What went wrong, in the upstream's words when it said any (scrubbed, at most a line)."""
+
+    def __str__(self) -> str:
+        status = f"{self.status} " if self.status is not None else ""
+        return f"{self.connection_id}: {status}{self.message}"
+
+    def to_api(self) -> dict[str, object]:
+        return {"connectionId": self.connection_id, "status": self.status, "message": self.message}
 
 
 @dataclass(slots=True)
@@ -51,6 +80,8 @@ class _Progress:
     failed_attempts: int = 0
     attempted_targets: set[str] = field(default_factory=set)
     last_error: Response | None = None
+    last_failure: _UpstreamError | None = None
+    """What the upstream of this request's last failed attempt did, in words (for the final answer)."""
     client_retry_ms: int | None = None
     waits: int = 0
     waited_ms: float = 0.0
@@ -72,15 +103,29 @@ class Pipeline:
             raw = await _read_body(request)
         except BodyTooLarge:
             return error_response(413, "request body exceeds 32 MiB", "request_too_large")
+        except ClientDisconnect:  # gone before its body arrived: nobody reads this
+            return error_response(499, "the client went away before its body arrived", "client_disconnected")
         try:
-            body = json.loads(raw)
+            body = untrusted.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-            return error_response(400, "request body is not valid JSON", "invalid_json")
+            return error_response(
+                400, "request body is not valid JSON (NaN and Infinity are not JSON either)", "invalid_json"
+            )
         if not isinstance(body, dict):
             return error_response(400, "request body must be a JSON object", "invalid_request")
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return error_response(400, "`model` is required and must be a string", "missing_model")
+        if not untrusted.is_text(model):
+            # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
+            # messages may hold any JSON string: they are only passed on.)
+            return error_response(
+                400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
+            )
+        try:
+            rest = _encode_without_model(body)
+        except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
+            return error_response(400, "request body is nested too deeply", "invalid_json")
         stream = endpoint != "embeddings" and body.get("stream") is True
 
         pinned = request.headers.get("x-omniroute-connection")
@@ -88,12 +133,14 @@ class Pipeline:
         if route is None:
             return error_response(
                 404,
-                f"model {model!r} is not a configured provider/model, combo, or model any upstream lists",
+                f"model {untrusted.echo(model)!r} is not a configured provider/model, combo, or model any upstream lists",
                 "model_not_found",
             )
         if not route.targets:
             return error_response(
-                404, f"connection {pinned!r} is unknown or cannot serve {model!r}", "connection_not_found"
+                404,
+                f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
+                "connection_not_found",
             )
         session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
 
@@ -101,7 +148,9 @@ class Pipeline:
         stats.started()
         response: Response | None = None
         try:
-            response = await self._route(request, endpoint, body, route.targets, stream, session)
+            response = await _while_connected(
+                request, self._route(endpoint, rest, route.targets, stream, session)
+            )
             return response
         finally:
             # A stream counts itself when it ends; everything else ends here.
@@ -113,9 +162,8 @@ class Pipeline:
 
     async def _route(
         self,
-        request: Request,
         endpoint: str,
-        body: dict[str, Any],
+        rest: bytes,
         targets: list[Target],
         stream: bool,
         session: str | None,
@@ -125,61 +173,47 @@ class Pipeline:
         while True:
             decision = engine.select(targets, tried=progress.tried, session=session)
             if isinstance(decision, NoTarget):
-                waited = await self._maybe_wait(request, decision, progress)
-                if waited is None:
+                if not await self._maybe_wait(decision, progress):
                     return self._unavailable(decision, progress, targets)
-                if not waited:
-                    return error_response(499, "client disconnected while waiting", "client_disconnected")
                 progress.tried.clear()
                 continue
-            response = await self._attempt(decision, endpoint, body, stream, progress, targets, session)
+            response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session)
             if response is not None:
                 return response
             progress.tried.append(decision.connection.spec.id)
             progress.failed_attempts += 1
 
-    async def _maybe_wait(self, request: Request, decision: NoTarget, progress: _Progress) -> bool | None:
-        """Cooldown-aware retry: None = do not wait; True = waited; False = the client left."""
+    async def _maybe_wait(self, decision: NoTarget, progress: _Progress) -> bool:
+        """Cooldown-aware retry: wait for the earliest recovery if the rules allow (True), or not.
+
+        The engine's clock decides when the wait ends, like every other engine duration, so the
+        wait is as long in engine time as the cooldown it waits out (and a FakeClock test ends it by
+        advancing). A client that leaves cancels it (`_while_connected`).
+        """
         wait = self.engine.settings.combo_wait()
         if not wait.active or not decision.all_waitable or progress.waits >= wait.max_attempts:
-            return None
+            return False
         wake = decision.earliest_waitable
         if wake is None:
-            return None
+            return False
         now = self.engine.clock.now()
         delay_ms = max(0.0, wake - now) + WAIT_SLACK_MS
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
-            return None
+            return False
         progress.waits += 1
         progress.waited_ms += delay_ms
         self.waiting += 1
         try:
-            return await self._wait_until(request, now + delay_ms)
+            await sleep_until(self.engine.clock, now + delay_ms)
         finally:
             self.waiting -= 1
-
-    async def _wait_until(self, request: Request, when: float) -> bool:
-        """Wait until the engine's clock reads `when` (True), or until the client leaves (False).
-
-        The clock decides when the wait ends, like every other engine duration, so the wait is as
-        long in engine time as the cooldown it waits out (and a FakeClock test ends it by advancing).
-        """
-        timer = asyncio.ensure_future(sleep_until(self.engine.clock, when))
-        try:
-            while True:
-                done, _ = await asyncio.wait((timer,), timeout=DISCONNECT_POLL_S)
-                if done:
-                    return True
-                if await request.is_disconnected():
-                    return False
-        finally:
-            timer.cancel()
+        return True
 
     async def _attempt(
         self,
         attempt: Attempt,
         endpoint: str,
-        body: dict[str, Any],
+        rest: bytes,
         stream: bool,
         progress: _Progress,
         targets: list[Target],
@@ -192,13 +226,12 @@ class Pipeline:
         relay taking the scope over closes it, which records a disconnect if nothing else was.
         """
         engine = self.engine
+        scrub = engine.scrubber
         conn = attempt.connection
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
         headers = self._route_headers(attempt, progress, targets)
-        payload = dict(body)
-        payload["model"] = attempt.target.model
-        data = json.dumps(payload, ensure_ascii=False).encode()
+        data = _with_model(attempt.target.model, rest)
         url = f"{self.config.providers[provider.spec.id].base_url}/{endpoint}"
         conn_config = self.config.connection(conn.spec.id)
         api_key = conn_config.api_key if conn_config else None
@@ -210,7 +243,8 @@ class Pipeline:
                 upstream = await self._dispatch(scope, url, data, api_key, extra)
             except QueueFull:
                 scope.finish(Outcome.local("request queue full"))
-                return error_response(
+                return _answer(
+                    progress,
                     429,
                     f"the request queue of connection {conn.spec.id!r} is full (requestQueue.maxQueueDepth)",
                     "RATE_LIMIT_QUEUE_FULL",
@@ -223,7 +257,8 @@ class Pipeline:
                 return None
             except ExecutionTimeout:
                 scope.finish(Outcome.local("execution deadline passed"))
-                return error_response(
+                return _answer(
+                    progress,
                     504,
                     f"connection {conn.spec.id!r} did not answer within requestQueue.maxWaitMs",
                     "RATE_LIMIT_EXECUTION_TIMEOUT",
@@ -234,25 +269,37 @@ class Pipeline:
                 return None
 
             if upstream.status >= 400:
-                text = await upstream.read_error_text()
+                raw, whole = await upstream.read_error_body()
+                text = scrub(raw[:CLASSIFIED_ERROR_BYTES].decode("utf-8", "replace"))
                 recorded = scope.finish(Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text))
                 status = recorded.status or upstream.status
                 if recorded.client_retry_after_ms is not None:
                     progress.client_retry_ms = recorded.client_retry_after_ms
                 passthrough_headers = dict(headers)
                 for name in ("retry-after", "retry-after-ms"):
-                    if name in upstream.headers:
-                        passthrough_headers[name] = upstream.headers[name]
+                    value = upstream.headers.get(name)
+                    if value is not None and _RETRY_HINT.fullmatch(value):  # a number or a date, nothing else
+                        passthrough_headers[name] = value
                 if recorded.client_retry_after_ms is not None:
                     passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
-                reply = Response(
-                    text.encode(),
-                    status_code=status,
-                    media_type=upstream.content_type,
-                    headers=passthrough_headers,
-                )
+                if whole:
+                    reply = Response(
+                        scrub.error_bytes(raw),
+                        status_code=status,
+                        media_type=scrub(upstream.content_type),
+                        headers=passthrough_headers,
+                    )
+                else:
+                    reply = error_response(
+                        status,
+                        f"{conn.spec.id}: {upstream.status} with an error body larger than"
+                        f" {MAX_ERROR_BODY // (1024 * 1024)} MiB, not relayed",
+                        "upstream_error_too_large",
+                        headers=passthrough_headers,
+                    )
                 if recorded.verdict.fallback:
                     progress.last_error = reply
+                    progress.last_failure = _UpstreamError(conn.spec.id, upstream.status, _error_words(text))
                     return None
                 return reply
 
@@ -264,9 +311,20 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
+            if _claims_json(upstream.content_type) and not _is_json(content):
+                # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
+                # off) is no success: the client could not use it, so the next candidate is tried.
+                broken = Outcome.network(
+                    f"answered {upstream.status} with a body that is not the JSON it claims"
+                )
+                self._failed(scope, broken, progress, headers)
+                return None
             scope.finish(Outcome.ok(upstream.status))
             return Response(
-                content, status_code=upstream.status, media_type=upstream.content_type, headers=headers
+                scrub.secrets(content),
+                status_code=upstream.status,
+                media_type=scrub(upstream.content_type),
+                headers=headers,
             )
         finally:
             # Every path above either recorded an outcome or handed the scope to a relay; anything
@@ -376,7 +434,11 @@ class Pipeline:
                 scope.finish(outcome or Outcome.disconnect())
 
         return _RelayResponse(
-            relay(), scope, status_code=upstream.status, media_type="text/event-stream", headers=headers
+            _scrubbed(relay(), engine.scrubber),
+            scope,
+            status_code=upstream.status,
+            media_type="text/event-stream",
+            headers=headers,
         )
 
     # ------------------------------------------------------------------ answers
@@ -391,8 +453,16 @@ class Pipeline:
         """Record an attempt that broke before any byte reached the client; its 502 is the answer
         if nothing else is left to try."""
         scope.finish(outcome)
+        attempt = scope.attempt
+        base_url = _shown_url(self.config.providers[attempt.provider.spec.id].base_url)
+        failure = _UpstreamError(attempt.connection.spec.id, None, f"{outcome.error} at {base_url}")
+        progress.last_failure = failure
         progress.last_error = error_response(
-            502, f"{scope.attempt.target}: {outcome.error}", "upstream_unreachable", headers=headers
+            502,
+            f"{failure} (trying {attempt.target})",
+            "upstream_unreachable",
+            headers=headers,
+            upstreamError=failure.to_api(),
         )
 
     def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
@@ -428,13 +498,14 @@ class Pipeline:
         if decision.not_found_only:
             # A model that every candidate answered 404 for is not found, and no
             # Retry-After would make it appear; a 429 would only invite the client to retry.
-            return error_response(
-                404, f"no target serves this model: {why}", "model_not_found", skipped=skipped
+            return _answer(
+                progress, 404, f"no target serves this model: {why}", "model_not_found", skipped=skipped
             )
         recovery = decision.earliest_recovery
         if decision.breaker_only and recovery is not None:
             retry = max(1, math.ceil((recovery - now) / 1000))
-            return error_response(
+            return _answer(
+                progress,
                 503,
                 f"every target's provider circuit is open: {why}",
                 "provider_circuit_open",
@@ -446,16 +517,91 @@ class Pipeline:
             if progress.client_retry_ms is not None:
                 retry_ms = max(retry_ms, progress.client_retry_ms)
             retry = max(1, math.ceil(retry_ms / 1000))
-            return error_response(
+            return _answer(
+                progress,
                 429,
                 f"no target is available right now: {why}",
                 "all_targets_cooling",
                 headers={"retry-after": str(retry)},
                 skipped=skipped,
             )
-        return error_response(
-            503, f"no target can serve this request: {why}", "all_targets_unavailable", skipped=skipped
+        return _answer(
+            progress,
+            503,
+            f"no target can serve this request: {why}",
+            "all_targets_unavailable",
+            skipped=skipped,
         )
+
+
+def _answer(
+    progress: _Progress,
+    status: int,
+    message: str,
+    code: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> Response:
+    """Our own error answer. When this request's own attempts failed, it starts with what the last
+    upstream did, in words, and `upstreamError` says it as data: a dead upstream is then not
+    hidden behind the cooldown it caused."""
+    failure = progress.last_failure
+    if failure is None:
+        return error_response(status, message, code, headers=headers, **extra)
+    return error_response(
+        status, f"{failure}; {message}", code, headers=headers, upstreamError=failure.to_api(), **extra
+    )
+
+
+_WORDS_LIMIT = 200
+"""The most of an upstream's error message an answer repeats."""
+
+
+def _error_words(text: str) -> str:
+    """What an upstream's error body says, in one line: the `message` of an OpenAI-style (or similar)
+    JSON error, else the text itself."""
+    words = text
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        found = error.get("message") if isinstance(error, dict) else error
+        if not isinstance(found, str):
+            found = body.get("message") or body.get("detail")
+        if isinstance(found, str) and found.strip():
+            words = found
+    words = " ".join(words.split())
+    if len(words) > _WORDS_LIMIT:
+        words = words[: _WORDS_LIMIT - 1] + "…"
+    return words or "(no error text)"
+
+
+def _claims_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _is_json(content: bytes) -> bool:
+    try:
+        json.loads(content)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return True
+
+
+def _shown_url(url: str) -> str:
+    """A base_url as an answer may show it: without user name or password, should it hold any."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class _AttemptScope:
@@ -519,6 +665,22 @@ class _AttemptScope:
             ticket.release()
 
 
+async def _scrubbed(relay: AsyncGenerator[bytes, None], scrubber: Scrubber) -> AsyncGenerator[bytes, None]:
+    """The relay's bytes without the configured secrets, and its error events without anything
+    shaped like a key (`StreamScrubber`). Closing this closes the relay (its `finally` records)."""
+    lines = StreamScrubber(scrubber)
+    try:
+        async for chunk in relay:
+            out = lines.feed(chunk)
+            if out:
+                yield out
+        tail = lines.flush()
+        if tail:
+            yield tail
+    finally:
+        await relay.aclose()  # never suspends: the relay's own finally is synchronous
+
+
 class _RelayResponse(StreamingResponse):
     """A relayed stream whose attempt ends when the response does, whether its body ran or not.
 
@@ -556,6 +718,53 @@ class _RelayResponse(StreamingResponse):
                 engine = attempt.engine
                 outcome = attempt.outcome
                 engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+
+
+def _encode_without_model(body: dict[str, Any]) -> bytes:
+    """The request body without its `model`, encoded once per request: each attempt only puts its
+    own model in front (`_with_model`), so nothing an attempt does can fail to encode."""
+    return untrusted.dumps({k: v for k, v in body.items() if k != "model"})
+
+
+def _with_model(model: str, rest: bytes) -> bytes:
+    """`{"model": <model>, ...rest}` from the encoded rest of the body (a JSON object)."""
+    head = b'{"model": ' + untrusted.dumps(model)
+    return head + b"}" if rest == b"{}" else head + b", " + rest[1:]
+
+
+async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
+
+    A client that goes away ends them at once, wherever they are: waiting for a concurrency slot,
+    in the request queue, waiting out a cooldown, or waiting for a non-streamed upstream answer
+    (whose connection is then closed, so the upstream stops working on it too). Each attempt's
+    scope then records a disconnect, which counts against no layer, and gives its places back.
+    A stream, once its response is returned, is watched by the response itself.
+    """
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request.receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (shutdown): the attempts go with it
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task  # its scopes' finally blocks run now: slots and probe are back before we answer
+        return error_response(499, "the client went away before the answer", "client_disconnected")
+    return task.result()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Return when the client disconnects. Called once the body has been read, when the next message
+    the server has for us is `http.disconnect` (at the latest when the response is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        # Nothing else should come after the body; should a server send something anyway, stop
+        # watching rather than spin on it: the request then runs as if the client stayed.
+        await asyncio.Event().wait()
 
 
 async def _read_body(request: Request) -> bytes:

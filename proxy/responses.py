@@ -8,12 +8,16 @@ from typing import Any
 
 from starlette.responses import Response
 
+from proxy import untrusted
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     502: "upstream_error",
@@ -25,7 +29,7 @@ _TYPES = {
 def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
     error: dict[str, Any] = {"message": message, "type": _TYPES.get(status, "api_error"), "code": code}
     error.update(extra)
-    return json.dumps({"error": error}, ensure_ascii=False).encode()
+    return untrusted.dumps({"error": error})
 
 
 def error_response(
@@ -46,7 +50,7 @@ def error_response(
 
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(
-        json.dumps(data, ensure_ascii=False).encode(),
+        untrusted.dumps(data),
         status_code=status,
         media_type="application/json",
         headers=dict(headers) if headers else None,

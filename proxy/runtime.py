@@ -23,8 +23,15 @@ from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import SettingsError
 from proxy.resilience.events import EventBus
 from proxy.router import Router, parse_model_list
-from proxy.settings import Settings, SettingsChange, StaleSettingsChange, apply_env_overrides, defaults
-from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore
+from proxy.scrub import Scrubber
+from proxy.settings import (
+    Settings,
+    SettingsChange,
+    StaleSettingsChange,
+    apply_env_overrides,
+    defaults,
+)
+from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoredState
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("omniroute")
@@ -50,7 +57,9 @@ class Runtime:
         """True when serving the built-in simulated upstreams (`--demo`)."""
         self.clock: Clock = clock or SystemClock()
         self.bus = EventBus()
+        self.scrubber = Scrubber(config.secrets())
         stored = store.load()
+        self._scrub_stored(stored)
         document = stored.settings if stored.settings is not None else defaults()
         document, self.warnings = apply_env_overrides(document, env if env is not None else os.environ)
         self.warnings = [*config.warnings, *self.warnings]
@@ -87,6 +96,7 @@ class Runtime:
             clock=self.clock,
             bus=self.bus,
             probe_timeout_ms=config.server.first_byte_timeout_ms,
+            scrubber=self.scrubber,
         )
         self.engine.restore(stored)
         server = config.server
@@ -112,6 +122,20 @@ class Runtime:
         except BaseException:
             store.close()
             raise
+
+    def _scrub_stored(self, stored: StoredState) -> None:
+        """A state file written before error text was scrubbed may hold a key an upstream quoted:
+        scrub the records, and have the store leave none of the old text in the file."""
+        scrub = self.scrubber
+        changed: dict[str, dict[str, Any]] = {}
+        for connection_id, record in stored.connections.items():
+            error = record.get("last_error")
+            if isinstance(error, str) and scrub.finds(error):
+                record["last_error"] = scrub(error)
+                changed[connection_id] = record
+        if changed:
+            self.store.save_connections(changed)
+        self.store.purge(scrub.finds)
 
     # ------------------------------------------------------------------ lifecycle
 

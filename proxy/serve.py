@@ -70,9 +70,9 @@ def load(options: Options, env: Mapping[str, str] = os.environ) -> tuple[Config,
             port=options.port if options.port is not None else server.port,
         )
         config = replace(config, server=server)
-    refusal = server.bind_refusal()
-    if refusal is not None:
-        raise StartupError(refusal)
+    refusals = config.refusals()  # the same rules `omniroute config check` reports as errors
+    if refusals:
+        raise StartupError("\n".join(p.message for p in refusals))
     return config, resolve_state_path(options.state, env)
 
 
@@ -117,9 +117,9 @@ async def _configured(options: Options, env: Mapping[str, str]) -> AsyncIterator
 
         with tempfile.TemporaryDirectory(prefix="omniroute-demo-") as tmp:
             async with demo_environment(Path(tmp), host=options.host, port=options.port) as config:
-                refusal = config.server.bind_refusal()
-                if refusal is not None:  # the demo has no token either: same rule as a real config
-                    raise StartupError(refusal)
+                refusals = config.refusals()  # the demo has no token either: same rules as a real config
+                if refusals:
+                    raise StartupError("\n".join(p.message for p in refusals))
                 yield config, Path(tmp) / "state.db"
         return
     yield load(options, env)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+from proxy import untrusted
 from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.events import Event
@@ -104,7 +105,7 @@ class FieldSpec:
             return value, f"must be {self.accepted()} (got {len(value)} items)"
         for index, item in enumerate(value):
             if type(item) is not int or not _in_range(item, self.min, self.max):
-                return value, f"must be {self.accepted()} (item {index} is {item!r})"
+                return value, f"must be {self.accepted()} (item {index} is {untrusted.echo(repr(item))})"
         return list(value), None
 
     def parse(self, text: str) -> object:

@@ -29,11 +29,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from proxy import untrusted
 from proxy.resilience.errors import OmniRouteError
 
 __all__ = [
@@ -141,6 +142,12 @@ class StateStore(Protocol):
         """Block until everything queued so far is committed; False if that did not happen in time."""
         ...
 
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        """After what is queued is committed: if any text the store holds, in live rows or left over
+        from rows since overwritten, is something `finds`, rebuild the storage from the live rows
+        alone. True if it did. Blocking: call at startup."""
+        ...
+
     def close(self) -> None:
         """Flush and close; idempotent. Later write-behind saves are dropped."""
         ...
@@ -232,6 +239,9 @@ class MemoryStore:
 
     def flush(self, timeout: float = 5.0) -> bool:
         return True
+
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        return False  # nothing is left over: an overwritten row is gone with its string
 
     def close(self) -> None:
         with self._lock:
@@ -347,6 +357,9 @@ class SqliteStore:
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={synchronous}")
+            # Overwritten and deleted content is zeroed, not left in free space: what a row once said
+            # (an error an upstream wrote) must not outlive the row in the file.
+            conn.execute("PRAGMA secure_delete=ON")
             if prepare:
                 self._prepare(conn)
             return conn
@@ -536,6 +549,32 @@ class SqliteStore:
             self._cond.notify_all()
             return self._cond.wait_for(lambda: self._committed >= target, timeout=timeout)
 
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        """Rebuild the file (VACUUM) and empty the WAL into it when its bytes, free pages and WAL
+        frames included, hold text `finds`: a file written before secure_delete was on keeps what
+        overwritten rows said. A failure is logged and leaves the file as it was (it still works)."""
+        self.flush()
+        try:
+            raw = b"".join(
+                Path(name).read_bytes() for name in (self.path, f"{self.path}-wal") if os.path.exists(name)
+            )
+        except OSError as exc:
+            _log.warning("%s: cannot read the state file to check it for secrets: %s", self.path, exc)
+            return False
+        # latin-1 maps every byte to one character, so text of any shape is found wherever it lies.
+        if not finds(raw.decode("latin-1")):
+            return False
+        with self._fg_lock:
+            try:
+                self._fg.execute("VACUUM")
+                self._fg.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                _log.warning(
+                    "%s: cannot rebuild the state file without old error text: %s", self.path, _reason(exc)
+                )
+                return False
+        return True
+
     def close(self) -> None:
         """Commit what is queued, stop the writer and close the database; idempotent."""
         with self._cond:
@@ -611,12 +650,17 @@ class SqliteStore:
         """Commit one batch in one transaction; the error if it failed (nothing of it is then on disk)."""
         # Serialise first: a record JSON cannot encode would fail every retry, so it is dropped
         # (and logged) instead of holding every later transition back.
-        breakers = self._encode(batch.breakers.items())
-        connections = self._encode(batch.connections.items())
-        lockouts = self._encode((key, record) for key, record in batch.lockouts.items() if record is not None)
-        lockout_deletes = [key for key, record in batch.lockouts.items() if record is None]
-        pins = [(key, *pin) for key, pin in batch.pins.items() if pin is not None]
-        pin_deletes = [(key,) for key, pin in batch.pins.items() if pin is None]
+        # Keys are bound as SQL text, which must be UTF-8: a key holding a lone surrogate would raise
+        # UnicodeEncodeError here, on every retry, and end the writer thread. Such rows are dropped too.
+        breakers = self._encode(self._bindable(batch.breakers).items())
+        connections = self._encode(self._bindable(batch.connections).items())
+        lockout_rows = self._bindable(batch.lockouts)
+        lockouts = self._encode((key, record) for key, record in lockout_rows.items() if record is not None)
+        lockout_deletes = [key for key, record in lockout_rows.items() if record is None]
+        pin_rows = self._bindable(batch.pins)
+        pins = [(key, *pin) for key, pin in pin_rows.items() if pin is not None]
+        pin_deletes = [(key,) for key, pin in pin_rows.items() if pin is None]
+        meta = self._bindable(batch.meta)
         db = self._writer_db
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -627,7 +671,7 @@ class SqliteStore:
                 db.executemany(_SQL["lockout_delete"], lockout_deletes)
                 db.executemany(_SQL["pin"], pins)
                 db.executemany(_SQL["pin_delete"], pin_deletes)
-                db.executemany(_SQL["meta"], batch.meta.items())
+                db.executemany(_SQL["meta"], [(key, value) for key, value in meta.items() if _text(value)])
                 db.execute("COMMIT")
             except BaseException:
                 _rollback_quietly(db)
@@ -635,6 +679,12 @@ class SqliteStore:
         except sqlite3.Error as exc:
             return exc
         return None
+
+    def _bindable(self, rows: Mapping[_K, _V]) -> Mapping[_K, _V]:
+        if all(_text(key) for key in rows):
+            return rows
+        _log.error("%s: dropping records whose key is not UTF-8 text", self.path)
+        return {key: value for key, value in rows.items() if _text(key)}
 
     def _encode(self, items: Iterable[tuple[_K, Mapping[str, Any]]]) -> list[tuple[_K, str]]:
         rows: list[tuple[_K, str]] = []
@@ -737,6 +787,12 @@ def _decode(table: str, row: str, text: str) -> dict[str, Any]:
 def _merge_back(pending: dict[_K, _V], failed: Mapping[_K, _V]) -> None:
     for key, value in failed.items():
         pending.setdefault(key, value)
+
+
+def _text(key: object) -> bool:
+    """Can SQLite take `key` (a string, or a tuple of them) as text? Not with a lone surrogate in it."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return all(not isinstance(part, str) or untrusted.is_text(part) for part in parts)
 
 
 def _dumps(record: Mapping[str, Any]) -> str:

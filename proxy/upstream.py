@@ -9,6 +9,8 @@ the only place where aiohttp exceptions are translated.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -16,9 +18,10 @@ import aiohttp
 
 from proxy.resilience.outcome import Outcome
 
-# Error bodies are read for classification only; a gateway that answers an error with megabytes
-# must not make us buffer them.
-MAX_ERROR_BODY = 64 * 1024
+MAX_ERROR_BODY = 1024 * 1024
+"""An upstream's error body is relayed whole up to this size; a gateway that answers an error
+with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
+would be broken JSON)."""
 
 MAX_UPSTREAM_BODY_BYTES = 256 * 1024 * 1024
 """A non-streaming answer is buffered whole before it is relayed, so it needs a ceiling. 256 MiB
@@ -89,14 +92,28 @@ class UpstreamResponse:
         response.release()
         return b"".join(chunks)
 
-    async def read_error_text(self) -> str:
+    async def read_error_body(self) -> tuple[bytes, bool]:
+        """The error body and whether that is all of it: at most MAX_ERROR_BODY bytes are read (the
+        rest is not waited for). A body that breaks off is what arrived, and not whole."""
+        content = self._response.content
+        chunks: list[bytes] = []
+        size = 0
+        whole = False
         try:
-            raw = await self._response.content.read(MAX_ERROR_BODY)
+            while size <= MAX_ERROR_BODY:
+                # read(n) returns what is there (at most n), not n: loop until the end or the limit.
+                chunk = await content.read(MAX_ERROR_BODY + 1 - size)
+                if not chunk:
+                    whole = True
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
         except (TimeoutError, aiohttp.ClientError, OSError):
-            raw = b""
+            pass
         finally:
             self._response.close()
-        return raw.decode("utf-8", "replace")
+        raw = b"".join(chunks)
+        return raw[:MAX_ERROR_BODY], whole
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (for SSE relays); raises UpstreamFailure if the upstream dies."""
@@ -172,7 +189,12 @@ def _network_outcome(exc: BaseException) -> Outcome:
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return Outcome.stall("upstream idle timeout")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return Outcome.network(f"cannot connect: {exc.os_error.strerror or exc.os_error}")
+        # In words: "connection refused", not aiohttp's "Connect call failed ('127.0.0.1', 11434)".
+        os_error = exc.os_error
+        if isinstance(os_error, socket.gaierror):
+            return Outcome.network(f"cannot resolve {exc.host}: {os_error.strerror or os_error}")
+        words = os.strerror(os_error.errno) if os_error.errno else str(os_error.strerror or os_error)
+        return Outcome.network(words[:1].lower() + words[1:])
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         return Outcome.network("upstream closed the connection")
     return Outcome.network(type(exc).__name__)

@@ -10,6 +10,7 @@ from proxy.config import (
     ConfigError,
     ConnectionConfig,
     ServerConfig,
+    check_config,
     default_config_path,
     default_state_path,
     embedded_default,
@@ -504,10 +505,48 @@ def test_bind_refusal_for_non_loopback_without_token_and_keys() -> None:
     assert ServerConfig(host="0.0.0.0", management_token="t", api_keys=("k",)).bind_refusal() is None
 
 
-def test_exposed_host_in_the_file_warns(tmp_path: Path) -> None:
-    path = write(tmp_path, '[server]\nhost = "0.0.0.0"\n')
-    (warning,) = load_config(path, {}).warnings
-    assert warning.startswith(f"{path}: server.host: refusing to listen on 0.0.0.0")
+def test_an_exposed_host_in_the_file_is_a_problem_for_check_config(tmp_path: Path) -> None:
+    """`serve` refuses it, so `config check` (check_config) must too; it is no mere warning of
+    load_config (which `serve --host 127.0.0.1` would then print about a host it does not use)."""
+    path = write(tmp_path, '[server]\nport = 20200\nhost = "0.0.0.0"\n')
+    assert load_config(path, {}).warnings == ()
+    with pytest.raises(ConfigError) as caught:
+        check_config(path, {})
+    (problem,) = caught.value.problems
+    assert (problem.key, problem.line) == ("server.host", 3)
+    assert problem.message.startswith("refusing to listen on 0.0.0.0")
+    assert str(caught.value).startswith(f"{path}: server.host: refusing to listen on 0.0.0.0")
+    safe = write(tmp_path, '[server]\nhost = "0.0.0.0"\nmanagement_token = "t"\napi_keys = ["k"]\n')
+    assert check_config(safe, {}).server.host == "0.0.0.0"
+
+
+def test_problems_name_their_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[server]\nport = "high"\n\n[providers.x]\nclass = "cloud"\n\n[[providers.x.connections]]\nid = "a"\n'
+        '\n[[providers.x.connections]]\nid = "b"\npriority = -1\n',
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert [(p.key, p.line) for p in caught.value.problems] == [
+        ("server.port", 2),
+        ("providers.x.class", 5),
+        ("providers.x.base_url", 4),  # missing: the line of its table
+        ("providers.x.connections[1].priority", 12),
+    ]
+    assert caught.value.problems[0].to_dict(path) == {
+        "file": str(path),
+        "key": "server.port",
+        "line": 2,
+        "message": "must be an integer between 1 and 65,535 (got a string)",
+    }
+
+
+def test_a_deeply_nested_value_is_a_problem_not_a_recursion_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert str(caught.value) == f"{path}: values nested too deeply to read (invalid TOML for omniroute)"
 
 
 # --- starter file --------------------------------------------------------------------------------
@@ -568,3 +607,59 @@ def test_default_paths_follow_platformdirs(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     assert default_config_path() == tmp_path / "cfg" / "omniroute" / "config.toml"
     assert default_state_path() == tmp_path / "data" / "omniroute" / "state.db"
+
+
+# --- who may call the proxy ----------------------------------------------------------------------
+
+
+def test_allowed_hosts_and_origins_are_normalised(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[server]\nallowed_hosts = ["Proxy.LAN.", "[fd00::5]:20128", "192.168.1.20"]\n'
+        'allowed_origins = ["HTTP://LocalHost:3000/", "https://app.example:443"]\n',
+    )
+    server = load_config(path, {}).server
+    assert server.allowed_hosts == ("proxy.lan", "fd00::5", "192.168.1.20")
+    assert server.allowed_origins == ("http://localhost:3000", "https://app.example")
+    assert ServerConfig().allowed_hosts == () and ServerConfig().allowed_origins == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('allowed_hosts = ["http://proxy.lan"]', "server.allowed_hosts[0]"),
+        ('allowed_hosts = ["a b"]', "server.allowed_hosts[0]"),
+        ('allowed_hosts = "proxy.lan"', "server.allowed_hosts"),
+        ('allowed_origins = ["proxy.lan"]', "server.allowed_origins[0]"),
+        ('allowed_origins = ["http://x.lan/app"]', "server.allowed_origins[0]"),
+        ('allowed_origins = ["null"]', "server.allowed_origins[0]"),
+        ('allowed_origins = ["*"]', "server.allowed_origins[0]"),
+    ],
+)
+def test_a_bad_allowed_host_or_origin_is_named(tmp_path: Path, text: str, key: str) -> None:
+    assert f"{key}: must" in error_for(tmp_path, f"[server]\n{text}\n")
+
+
+def test_loopback_names_and_addresses() -> None:
+    from proxy.config import host_name, is_loopback_host
+
+    for host in (
+        "localhost",
+        "LOCALHOST.",
+        "app.localhost",
+        "127.0.0.1",
+        "127.9.9.9",
+        "::1",
+        "[::1]",
+        "::ffff:127.0.0.1",
+    ):
+        assert is_loopback_host(host), host
+    for host in ("0.0.0.0", "::", "localhost.evil.example", "127.0.0.1.evil.example", "[::1", "", "10.0.0.1"):
+        assert not is_loopback_host(host), host
+    assert [host_name(h) for h in ("[::1]:80", "Localhost:20128", "x.lan.", "[::1]x", "::1")] == [
+        "::1",
+        "localhost",
+        "x.lan",
+        "[::1]x",
+        "::1",
+    ]

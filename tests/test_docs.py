@@ -229,7 +229,7 @@ zzzzzzzz = 1
         load_config(path, {}, explicit=True)
     keys: dict[str, list[str]] = {}
     for problem in caught.value.problems:
-        match = re.match(r"(.*)\.zzzzzzzz: unknown key \(known keys: (.*)\)$", problem)
+        match = re.match(r"(.*)\.zzzzzzzz: unknown key \(known keys: (.*)\)$", str(problem))
         assert match, problem
         keys[match[1]] = match[2].split(", ")
     assert len(keys) == 5, keys

@@ -472,3 +472,24 @@ def test_a_stored_row_that_is_not_a_record_names_its_table_and_row(
     assert str(caught.value).startswith(
         f"{db_path}: bad record in table connections, row 'openai-main': {reason}"
     )
+
+
+def test_a_key_that_is_not_utf8_text_is_dropped_and_the_writer_lives_on(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lone surrogate in a key (a model name, a session) cannot be bound as SQLite text: it used
+    to raise in the writer thread, which then died and persisted nothing ever again."""
+    store = SqliteStore(db_path)
+    try:
+        store.save_lockouts(
+            [lockout("ollama", "ollama-1", "\ud800"), lockout("ollama", "ollama-1", "ok")], []
+        )
+        store.save_pins({"\udc00": ("ollama-1", 5.0)}, [])
+        assert store.flush()
+        store.save_breakers({"openai": BREAKER})
+        assert store.flush()
+    finally:
+        store.close()
+    assert read(db_path, "SELECT model FROM lockouts") == [("ok",)]
+    assert read(db_path, "SELECT provider FROM breakers") == [("openai",)]
+    assert "not UTF-8 text" in caplog.text

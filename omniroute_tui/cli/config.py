@@ -15,9 +15,10 @@ from typing import Annotated, Any
 import typer
 
 from omniroute_tui import format as fmt
-from omniroute_tui.cli.exit_codes import InvalidValue, Unexpected
+from omniroute_tui.cli.exit_codes import ExitCode, InvalidValue, Unexpected
 from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, StateOpt, as_json
 from omniroute_tui.cli.output import cell, emit, note
+from omniroute_tui.untrusted import visible
 
 app = typer.Typer(help="Write, locate and validate the config file.", no_args_is_help=True)
 
@@ -132,20 +133,29 @@ def check(json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = 
     Example: [bold]omniroute config check --config ./config.toml[/bold]
     """
     json_ = as_json(json_, output)
-    from proxy.config import ConfigError, load_config, resolve_config_path
+    from proxy.config import ConfigError, check_config, resolve_config_path
 
     config_path = resolve_config_path(config, os.environ)
     explicit = bool(config or os.environ.get("OMNIROUTE_CONFIG"))
     try:
-        loaded = load_config(config_path, os.environ, explicit=explicit)
+        loaded = check_config(config_path, os.environ, explicit=explicit)
     except ConfigError as exc:
-        raise InvalidValue("; ".join(str(exc).splitlines())) from None
+        # Every problem, one per line, as `serve` prints them (and exit 2, as `serve` does): a file
+        # this command calls valid is one `serve` starts with.
+        if json_:
+            problems = [p.to_dict(exc.path) for p in exc.problems]
+            path = str(exc.path) if exc.path is not None else None
+            emit({"path": path, "valid": False, "problems": problems}, json_=True, human=lambda: None)
+        lines = "\n".join(visible(line) for line in str(exc).splitlines())
+        typer.echo(f"omniroute: {lines}", err=True)
+        raise typer.Exit(int(ExitCode.USAGE)) from None
     for warning in loaded.warnings:
         note(f"warning: {warning}")
     server = loaded.server
     data = {
         "path": str(loaded.source) if loaded.source is not None else None,
         "valid": True,
+        "problems": [],
         "server": {
             "host": server.host,
             "port": server.port,

@@ -9,13 +9,13 @@ simply reads as `active`, so no timer ever runs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import ProviderClass
+from proxy.scrub import scrub_shapes
 
 ConnectionStatus = Literal["active", "cooling", "banned", "expired", "credits_exhausted", "disabled"]
 TerminalStatus = Literal["banned", "expired", "credits_exhausted"]
@@ -46,8 +46,7 @@ DEFAULT_COOLDOWN_POLICIES: dict[ProviderClass, CooldownPolicy] = {
 }
 
 # Error text can quote the credential back ("Incorrect API key provided: sk-..."); events are shown
-# everywhere, so long token-like words are masked and the text is kept short.
-_TOKEN_LIKE = re.compile(r"[A-Za-z0-9_\-]{20,}")
+# everywhere, so the text is scrubbed (again: the engine scrubs what it is given) and kept short.
 _REASON_TEXT_LIMIT = 60
 
 
@@ -286,7 +285,7 @@ class ConnectionHealth:
 
 
 def _terminal_reason(status: str, code: int | None, error: str) -> str:
-    text = _TOKEN_LIKE.sub("***", " ".join(error.split()))
+    text = scrub_shapes(" ".join(error.split()))
     if len(text) > _REASON_TEXT_LIMIT:
         text = text[: _REASON_TEXT_LIMIT - 3] + "..."
     # The error text usually starts with the status code already ("401: ..."): say it once.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 import tomllib
 from collections.abc import Iterator
@@ -120,11 +121,64 @@ def test_check_invalid_file_exits_2_naming_every_problem(tmp_path: Path) -> None
     result = run("config", "check", "--config", str(path))
     assert result.code == 2
     assert result.stdout == ""
-    assert result.stderr.count("\n") == 1  # one line
-    assert result.stderr.startswith(f"omniroute: {path}: ")
-    assert "server.port" in result.stderr and "providers.x.class" in result.stderr
+    # One problem per line, exactly as `serve` prints them.
+    assert result.stderr.splitlines() == [
+        f"omniroute: {path}: server.port: must be an integer between 1 and 65,535 (got a string)",
+        f"{path}: providers.x.class: must be one of local, apikey, oauth (got 'cloud')",
+        f"{path}: providers.x.base_url: missing (required)",
+        f"{path}: providers.x.connections: a provider needs at least one connection:"
+        " add a [[providers.x.connections]] table with an id",
+    ]
+    data = json.loads(run("config", "check", "--config", str(path), "--json").stdout)
+    assert data["valid"] is False
+    assert data["problems"][:2] == [
+        {
+            "file": str(path),
+            "key": "server.port",
+            "line": 2,
+            "message": "must be an integer between 1 and 65,535 (got a string)",
+        },
+        {
+            "file": str(path),
+            "key": "providers.x.class",
+            "line": 5,
+            "message": "must be one of local, apikey, oauth (got 'cloud')",
+        },
+    ]
     missing = run("config", "check", "--config", str(tmp_path / "absent.toml"))
     assert (missing.code, missing.stderr) == (2, f"omniroute: {tmp_path / 'absent.toml'}: no such file\n")
+
+
+def test_check_refuses_what_serve_refuses(tmp_path: Path) -> None:
+    """`config check` said OK to a file `serve` refuses: a non-loopback host without token and keys."""
+    path = tmp_path / "config.toml"
+    path.write_text('[server]\nhost = "0.0.0.0"\n')
+    result = run("config", "check", "--config", str(path))
+    assert result.code == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"omniroute: {path}: server.host: refusing to listen on 0.0.0.0")
+    served = run("serve", "--config", str(path), "--state", str(tmp_path / "state.db"))
+    assert served.code == 2
+    assert "refusing to listen on 0.0.0.0" in served.stderr
+    data = json.loads(run("config", "check", "--config", str(path), "--json").stdout)
+    assert data == {
+        "path": str(path),
+        "valid": False,
+        "problems": [
+            {"file": str(path), "key": "server.host", "line": 2, "message": line.split("server.host: ")[1]}
+        ],
+    }
+
+
+def test_check_of_a_deeply_nested_file_is_a_problem(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    result = run("config", "check", "--config", str(path))
+    assert (result.code, result.stderr) == (
+        2,
+        f"omniroute: {path}: values nested too deeply to read (invalid TOML for omniroute)\n",
+    )
 
 
 def test_a_broken_config_stops_remote_commands_with_2(tmp_path: Path) -> None:

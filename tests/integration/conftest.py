@@ -24,6 +24,10 @@ from proxy.runtime import Runtime
 from tests.fakes import FakeUpstream, LiveServer, serve
 from tests.two_providers import config_text
 
+# test_proxy.py's harness (fake upstreams and proxies started per test, stopped side by side) serves
+# every module of this folder: its fixtures are offered here by name.
+from tests.integration.test_proxy import launch, started, upstreams  # noqa: F401  isort: skip
+
 
 @dataclass
 class Instance:
@@ -78,9 +82,11 @@ class Instance:
         return self.http.get(path, **kwargs)
 
     def send(self, method: str, path: str, body: object = None, **kwargs: Any) -> httpx.Response:
-        """`body` is sent as JSON; bytes are sent as they are (malformed input tests)."""
+        """`body` is sent as JSON; bytes are sent as they are (malformed input tests), labelled JSON
+        like any client's body unless `headers` say otherwise (the Guard refuses other types)."""
         if isinstance(body, bytes):
-            return self.http.request(method, path, content=body, **kwargs)
+            headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
+            return self.http.request(method, path, content=body, headers=headers, **kwargs)
         if body is None:
             return self.http.request(method, path, **kwargs)
         return self.http.request(method, path, json=body, **kwargs)
@@ -101,19 +107,19 @@ def make_instance(tmp_path: Path) -> Iterator[Callable[..., Instance]]:
     `alpha_url` is where provider alpha sends traffic (default: a refused port, for tests that send none);
     `state` is the state database (default: a new one in tmp_path).
     """
-    started: list[Instance] = []
+    instances: list[Instance] = []
 
     def make(token: str | None = None, alpha_url: str | None = None, state: Path | None = None) -> Instance:
-        config_path = tmp_path / f"config-{len(started)}.toml"
+        config_path = tmp_path / f"config-{len(instances)}.toml"
         refused = FakeUpstream.refused_url()
         config_path.write_text(config_text(alpha_url or refused, refused, token))
         config_path.chmod(0o600)
-        instance = Instance(config_path, state or tmp_path / f"state-{len(started)}.db", token)
-        started.append(instance)
+        instance = Instance(config_path, state or tmp_path / f"state-{len(instances)}.db", token)
+        instances.append(instance)
         return instance.start()
 
     yield make
-    for instance in started:
+    for instance in instances:
         instance.stop()
 
 

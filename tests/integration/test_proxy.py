@@ -1018,14 +1018,21 @@ def test_upstream_fault_on_the_only_target_is_a_well_formed_error(
     if reply is not None:
         a.fake.default(reply)
     # Cooling off: the answer is about the failed attempt itself, not a cooldown.
+    url = _faulty(a, fault)
     proxy = launch(
-        SERVER_TIMEOUTS + provider("one", "local", _faulty(a, fault), "one-1"),
+        SERVER_TIMEOUTS + provider("one", "local", url, "one-1"),
         settings={"connectionCooldown": {"local": {"baseCooldownMs": 0}}},
     )
     response = proxy.chat("one/m1", stream=stream)
     error = error_of(response, 502)
     assert error["code"] == "upstream_unreachable"
-    assert error["message"].startswith("one/m1: ")
+    # The upstream's failure first, in words, naming the connection (and as data in upstreamError).
+    words = error["upstreamError"]["message"]
+    assert error["upstreamError"] == {"connectionId": "one-1", "status": None, "message": words}
+    assert words.endswith(f" at {url}")
+    assert error["message"].startswith(f"one-1: {words}")
+    if fault == "refused":
+        assert words.startswith("connection refused at ")
     assert response.headers["x-request-id"]
     assert proxy.breaker("one")["failureCount"] == 1
     wait_until(lambda: a.fake.in_flight == 0, what="the faulty upstream request to end")
@@ -1033,13 +1040,22 @@ def test_upstream_fault_on_the_only_target_is_a_well_formed_error(
 
 
 def test_upstream_fault_with_cooling_on_is_429_with_retry_after(launch: Callable[..., Proxy]) -> None:
-    proxy = launch(provider("one", "local", FakeUpstream.refused_url(), "one-1"))
+    url = FakeUpstream.refused_url()
+    proxy = launch(provider("one", "local", url, "one-1"))
     response = proxy.chat("one/m1")
-    assert error_of(response, 429)["code"] == "all_targets_cooling"
+    error = error_of(response, 429)
+    assert error["code"] == "all_targets_cooling"
     assert response.headers["retry-after"] == "2"  # the local class cools for 2 s
+    # The cooldown is this request's own doing: the answer says first what the upstream did.
+    assert error["message"].startswith(f"one-1: connection refused at {url}; no target is available")
+    assert error["upstreamError"] == {
+        "connectionId": "one-1",
+        "status": None,
+        "message": f"connection refused at {url}",
+    }
     conn = proxy.connection("one-1")
     assert conn["lastErrorType"] == "network_error"
-    assert conn["lastError"].startswith("cannot connect")
+    assert conn["lastError"] == "connection refused"
     proxy.settled()
 
 

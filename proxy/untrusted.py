@@ -1,0 +1,61 @@
+"""Text that came from outside (a client's body, header or path): read strictly, quoted briefly,
+written back without breaking.
+
+- `loads`: JSON as RFC 8259 has it. Python's parser also takes `NaN`, `Infinity` and `-Infinity`,
+  which no other JSON reader does: forwarded upstream they make a body the upstream cannot parse,
+  so they are refused here like any other malformed JSON.
+- `dumps`: JSON bytes for any document a client can send. A lone surrogate (`"\\ud800"`) is legal
+  JSON and decodes to a `str` that UTF-8 cannot encode; it is written back escaped, as it came.
+- `echo`: a piece of the client's input quoted in an answer, at most `ECHO_LIMIT` characters, so
+  that an answer never grows with what a client sends.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+__all__ = ["ECHO_LIMIT", "dumps", "echo", "is_text", "loads"]
+
+ECHO_LIMIT: Final = 200
+"""The most characters of a client's input that any answer quotes back."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse JSON, refusing `NaN` and `Infinity`. ValueError (or RecursionError, for nesting deeper
+    than the parser goes) when it is not JSON; UnicodeDecodeError is a ValueError."""
+    return json.loads(raw, parse_constant=_no_constant)
+
+
+def dumps(data: Any) -> bytes:
+    """`data` as compact-enough UTF-8 JSON bytes, whatever strings it holds.
+
+    Non-ASCII text is written as UTF-8 (a third of the size of `\\uXXXX` escapes for most scripts);
+    only a document holding a lone surrogate, which UTF-8 cannot encode, is written with every
+    non-ASCII character escaped instead. Both are the same JSON document.
+    """
+    text = json.dumps(data, ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, ensure_ascii=True).encode()
+
+
+def is_text(value: str) -> bool:
+    """Is `value` encodable as UTF-8, i.e. free of lone surrogates? (A name must be; content need not.)"""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def echo(text: str) -> str:
+    """`text` as an answer may quote it: at most `ECHO_LIMIT` characters, then an ellipsis."""
+    if len(text) <= ECHO_LIMIT:
+        return text
+    return text[:ECHO_LIMIT] + f"… ({len(text)} characters)"

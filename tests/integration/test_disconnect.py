@@ -1,0 +1,120 @@
+"""A client that goes away costs nothing more (issue #10).
+
+Requests are sent on raw sockets and the sockets closed while the requests wait: for a concurrency
+slot, in the request queue, out a cooldown, or for a non-streamed upstream answer. Every wait ends
+at once, nothing waiting is sent upstream afterwards, the upstream calls in flight are cancelled
+(the fake upstream sees its clients go), every slot comes back, and no layer counts anything
+against the upstream: a disconnect is nobody's failure.
+
+The engine runs on a FakeClock that the tests never advance, so no wait could end by itself: only
+the disconnect can end them (the semaphore's fail-open timeout, say, never fires).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from proxy.resilience.clock import FakeClock
+from tests.fakes import Reply
+from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, provider, wait_until
+
+
+@contextmanager
+def clients(proxy: Proxy, count: int, model: str) -> Iterator[list[socket.socket]]:
+    """`count` chat requests, each on its own connection; every socket is closed on leaving."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = json.dumps(chat(model)).encode()
+    request = (
+        f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.sendall(request)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def nothing_counted(proxy: Proxy, provider_id: str, connection_id: str) -> None:
+    assert proxy.breaker(provider_id)["failureCount"] == 0
+    connection = proxy.connection(connection_id)
+    assert (connection["status"], connection["lastError"], connection["inFlight"]) == ("active", None, 0)
+
+
+def test_gone_clients_leave_the_semaphore_and_the_upstream_at_once(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """24 requests on a `max_concurrent = 8` connection whose upstream never answers: 8 are sent,
+    16 wait for a slot. The clients go: the 8 upstream calls are cancelled and the 16 never sent
+    (they used to wait out the 30 s slot timeout, then go upstream anyway, fail-open)."""
+    up = upstreams()
+    up.fake.default(Reply("hang"))
+    config = (
+        f'[providers.loc]\nclass = "local"\nbase_url = "{up.url}"\n\n'
+        '[[providers.loc.connections]]\nid = "loc-1"\nmax_concurrent = 8\n'
+    )
+    proxy = launch(config, clock=FakeClock())
+    semaphore = proxy.rt.engine.connections["loc-1"].semaphore
+    assert semaphore is not None and semaphore.limit == 8
+    with clients(proxy, 24, "loc/m1"):
+        wait_until(lambda: up.fake.in_flight == 8 and semaphore.waiting == 16, what="8 sent and 16 waiting")
+    wait_until(lambda: up.fake.in_flight == 0, what="the upstream calls to be cancelled")
+    proxy.settled()
+    assert (semaphore.in_use, semaphore.waiting) == (0, 0)
+    assert len(up.calls()) == 8
+    nothing_counted(proxy, "loc", "loc-1")
+
+
+def test_gone_clients_leave_the_request_queue_at_once(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    up.fake.default(Reply("hang"))
+    proxy = launch(
+        provider("cloud", "apikey", up.url, "key-a"),
+        settings={"requestQueue": {"concurrentRequests": 2}},
+        clock=FakeClock(),
+    )
+    limiter = proxy.rt.engine.connections["key-a"].limiter
+    with clients(proxy, 6, "cloud/m1"):
+        wait_until(lambda: up.fake.in_flight == 2, what="2 sent")
+        limiter = proxy.rt.engine.connections["key-a"].limiter
+        assert limiter is not None
+        wait_until(lambda: limiter is not None and limiter.queued == 4, what="4 queued")
+    wait_until(lambda: up.fake.in_flight == 0, what="the upstream calls to be cancelled")
+    proxy.settled()
+    assert limiter is not None and (limiter.queued, limiter.running) == (0, 0)
+    assert len(up.calls()) == 2
+    nothing_counted(proxy, "cloud", "key-a")
+
+
+def test_a_gone_client_stops_waiting_out_a_cooldown_at_once(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(
+        provider("loc", "local", up.url, "loc-1"),
+        settings={"comboCooldownWait": {"enabled": True}},
+        clock=clock,
+    )
+    engine = proxy.rt.engine
+    conn = engine.connections["loc-1"]
+    conn.health.record_failure(
+        clock.now(),
+        engine.settings.cooldown_policy("local"),
+        error="503",
+        error_type="server_error",
+        code=503,
+    )
+    with clients(proxy, 3, "loc/m1"):
+        wait_until(lambda: proxy.rt.pipeline.waiting == 3, what="3 requests waiting out the cooldown")
+    wait_until(lambda: proxy.rt.pipeline.waiting == 0, what="the waits to end")
+    proxy.settled()
+    assert up.calls() == []

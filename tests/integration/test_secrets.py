@@ -1,0 +1,213 @@
+"""Keys an upstream echoes never leave the proxy (issue #10).
+
+Upstreams quote the key they were sent in every place they can: an error body, response headers, a
+stream's error event, a success body. Then every API answer, the CLI's `--json` views, the
+console's connection rows and detail panes, every log line, every event and the raw bytes of the
+state file (database and WAL) are searched for each configured key, and for the credential-shaped
+strings the upstreams made up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from omniroute_tui import snapshot
+from proxy import logs
+from proxy.config import load_config
+from proxy.runtime import Runtime
+from proxy.store import SqliteStore
+from tests.cli.conftest import run
+from tests.fakes import Reply
+from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat
+
+KEY_A = "key-alpha-SECRET-0123456789"  # no credential shape: only the configured list finds it
+KEY_B = "sk-proj-SECRETbeta0123456789"
+CLIENT_KEY = "client-SECRET-key-0123456789"
+MADE_UP = "sk-ant-api03-MADEUPbyTheUpstream00"  # not configured: its shape gives it away
+BEARER = "MADEUPbearerTOKEN0123456789"
+SECRETS = (KEY_A, KEY_B, CLIENT_KEY, MADE_UP, BEARER)
+
+
+def config(url_a: str, url_b: str) -> str:
+    return (
+        f'[server]\napi_keys = ["{CLIENT_KEY}"]\n\n'
+        f'[providers.one]\nclass = "apikey"\nbase_url = "{url_a}"\nrate_limit = false\n\n'
+        f'[[providers.one.connections]]\nid = "one-1"\napi_key = "{KEY_A}"\n\n'
+        f'[providers.two]\nclass = "apikey"\nbase_url = "{url_b}"\nrate_limit = false\n\n'
+        f'[[providers.two.connections]]\nid = "two-1"\napi_key = "{KEY_B}"\n\n'
+        '[combos.duo]\nstrategy = "priority"\ntargets = ["one/m1", "two/m1"]\n'
+    )
+
+
+def echo_text(key: str) -> str:
+    return f"Incorrect API key provided: {key}. Sent: Authorization: Bearer {key}; also {MADE_UP}, Bearer {BEARER}"
+
+
+def leaks(text: str) -> list[str]:
+    return [secret for secret in SECRETS if secret in text]
+
+
+def test_an_echoed_key_is_in_no_answer_view_log_event_or_state_file(
+    launch: Callable[..., Proxy],
+    upstreams: Callable[..., Upstream],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    a, b = upstreams("a"), upstreams("b")
+    proxy = launch(
+        config(a.url, b.url),
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        settings={"connectionCooldown": {"apikey": {"baseCooldownMs": 0}}},
+    )
+    unsubscribe = logs.log_events(proxy.rt.bus)  # as `serve` does: every event is a log line
+    seen: list[str] = []
+
+    def answer(response: httpx.Response) -> None:
+        seen.append(response.text)
+        seen.append(json.dumps(dict(response.headers)))
+
+    error_body = {"error": {"message": echo_text(KEY_A), "type": "invalid_request_error", "code": None}}
+    echo_headers = {
+        "retry-after": KEY_A,
+        "retry-after-ms": f"Bearer {KEY_A}",
+        "x-echo": KEY_A,
+        "content-type": f"application/json; key={KEY_A}",
+    }
+    stream_error = (
+        'data: {"choices": [{"index": 0, "delta": {"content": "' + KEY_B + '"}}]}\n\n'
+        'data: {"error": {"message": "' + echo_text(KEY_B) + '", "code": "invalid_api_key"}}\n\n'
+        "data: [DONE]\n\n"
+    )
+    # Every place an upstream can put it: error bodies (JSON and text) and headers, then (two)
+    # a stream whose content and error event quote the key, and a success body that does.
+    a.fake.script(
+        Reply("error", status=401, body=error_body, headers=echo_headers),
+        Reply("error", status=429, body=echo_text(KEY_A), headers=echo_headers),
+        Reply("error", status=500, body=echo_text(KEY_A), headers={"retry-after": KEY_A}),
+        Reply("error", status=400, body=echo_text(KEY_A)),
+    )
+    b.fake.script(
+        Reply("error", status=200, body=stream_error, headers={"content-type": "text/event-stream"}),
+        Reply("json", body={"choices": [{"index": 0, "message": {"content": f"your key is {KEY_B}"}}]}),
+        Reply("error", status=403, body=echo_text(KEY_B)),
+    )
+    for _ in range(4):
+        answer(proxy.http.post(CHAT_PATH, json=chat("one/m1")))
+        proxy.rt.engine.reset_connection("one-1")  # let the next scripted answer through
+    with proxy.http.stream("POST", CHAT_PATH, json=chat("two/m1", stream=True)) as streamed:
+        seen.append("".join(streamed.iter_text()))
+    answer(proxy.http.post(CHAT_PATH, json=chat("two/m1")))
+    answer(proxy.http.post(CHAT_PATH, json=chat("two/m1")))
+    assert [len(a.calls()), len(b.calls())] == [4, 3]
+    proxy.settled()
+
+    # What the upstreams said is still there, without the keys.
+    connection = proxy.connection("two-1")
+    assert connection["lastError"].startswith("403: Incorrect API key provided: ***.")
+    assert "Bearer ***" in connection["lastError"]
+
+    for path in (
+        "/api/resilience/connections",
+        "/api/monitoring/health",
+        "/api/resilience/model-cooldowns",
+        "/api/events",
+        "/api/settings",
+        "/api/resilience",
+    ):
+        answer(proxy.http.get(path))
+    for view in ("connections", "cooldowns", "lockouts", "breakers", "status"):
+        result = run(view, "--json", "--url", proxy.url)
+        assert result.code in (0, 6), result.stderr
+        seen.extend((result.stdout, result.stderr))
+    seen.extend(json.dumps(event.to_dict()) for event in proxy.rt.bus.after(0))
+    # The console: each connection's row and detail pane (with its event history).
+    engine = proxy.rt.engine
+    history = [snapshot.event_entry(event) for event in proxy.rt.bus.after(0)]
+    for conn in engine.connections.values():
+        now = engine.clock.now()
+        seen.append(repr(snapshot.connection_row(conn, now)))
+        seen.append(repr(snapshot.connection_detail(engine, conn, history, now)))
+    unsubscribe()
+
+    state = proxy.state_path
+    proxy.stop()  # the final persist, then the store closes
+    raw = b"".join(p.read_bytes() for p in (state, Path(f"{state}-wal")) if p.exists())
+    assert read_connection_error(state, "two-1").startswith("403: Incorrect API key provided: ***.")
+
+    assert [leaks(text) for text in seen if leaks(text)] == []
+    assert [r.getMessage() for r in caplog.records if leaks(r.getMessage())] == []
+    assert [s for s in SECRETS if s.encode() in raw] == []
+    assert any("Incorrect API key provided: ***" in r.getMessage() for r in caplog.records)
+
+
+def read_connection_error(path: Path, connection_id: str) -> str:
+    db = sqlite3.connect(path)
+    try:
+        (data,) = db.execute("SELECT data FROM connections WHERE id = ?", (connection_id,)).fetchone()
+    finally:
+        db.close()
+    error: str = json.loads(data)["last_error"]
+    return error
+
+
+def test_a_state_file_written_before_scrubbing_is_scrubbed_on_start(tmp_path: Path) -> None:
+    """An older version stored what the upstream said, key and all, and rewrote the row at every
+    failure: the key is in the live row and in the free space the earlier versions of the row left."""
+    state = tmp_path / "state.db"
+    SqliteStore(state).close()  # the schema
+    db = sqlite3.connect(state)
+    db.execute("PRAGMA secure_delete=OFF")  # as an older version wrote it
+    sql = "INSERT OR REPLACE INTO connections (id, data) VALUES (?, ?)"
+    for n in range(20):
+        for connection_id in ("one-1", "two-1"):
+            record = {
+                "connection_id": connection_id,
+                "provider": connection_id.split("-")[0],
+                "enabled": True,
+                "terminal": "expired",
+                "last_error": f"401: attempt {n}: " + echo_text(KEY_A),
+                "last_error_type": "expired",
+                "error_code": 401,
+                "last_error_at": 1_767_225_600_000.0 + n,
+            }
+            db.execute(sql, (connection_id, json.dumps(record)))
+            db.commit()
+    # two-1 was reset since: its row says nothing any more, but the file's free space still does.
+    db.execute(sql, ("two-1", json.dumps({"connection_id": "two-1", "provider": "two", "enabled": True})))
+    db.commit()
+    db.close()
+    assert KEY_A.encode() in state.read_bytes()
+
+    path = tmp_path / "config.toml"
+    path.write_text(config("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"))
+    path.chmod(0o600)
+    runtime = Runtime.open(load_config(path, {}, explicit=True), state, env={})
+    try:
+        error = runtime.engine.connections["one-1"].health.last_error
+        assert error is not None and error.startswith("401: attempt 19: Incorrect API key provided: ***.")
+        assert not leaks(error)
+    finally:
+        runtime.store.close()
+    raw = b"".join(p.read_bytes() for p in (state, Path(f"{state}-wal")) if p.exists())
+    assert [s for s in SECRETS if s.encode() in raw] == []
+    assert read_connection_error(state, "one-1").startswith(
+        "401: attempt 19: Incorrect API key provided: ***."
+    )
+
+
+def test_a_clean_state_file_is_left_as_it_is(tmp_path: Path) -> None:
+    state = tmp_path / "state.db"
+    SqliteStore(state).close()
+    store = SqliteStore(state)
+    try:
+        assert store.purge(lambda text: KEY_A in text) is False
+    finally:
+        store.close()
