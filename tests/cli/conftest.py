@@ -9,6 +9,7 @@ idle then). `run(...)` invokes the typer app through CliRunner, which goes throu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,14 @@ class Result:
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
     """`omniroute ARGS...` in-process; never raises (an escaped exception fails the test here)."""
-    result = CliRunner().invoke(app, list(args), env=env)
+    # `serve` (and `tui`) configure the process's logging on the streams they are given: in-process
+    # those are CliRunner's, closed once it returns. Put the test process's logging back after.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        result = CliRunner().invoke(app, list(args), env=env)
+    finally:
+        root.handlers, root.level = handlers, level
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"omniroute {' '.join(args)} escaped the edge") from result.exception
     return Result(result.exit_code, result.stdout, result.stderr)
