@@ -24,20 +24,36 @@ from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, provi
 
 @contextmanager
 def clients(proxy: Proxy, count: int, model: str) -> Iterator[list[socket.socket]]:
-    """`count` chat requests, each on its own connection; every socket is closed on leaving."""
+    """`count` chat requests, each on its own connection and marked with its index in `user`;
+    every socket still open is closed on leaving."""
     host, port = proxy.url.removeprefix("http://").split(":")
-    body = json.dumps(chat(model)).encode()
-    request = (
-        f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
     socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(count)]
     try:
-        for sock in socks:
-            sock.sendall(request)
+        for index, sock in enumerate(socks):
+            body = json.dumps(chat(model, user=f"client-{index}")).encode()
+            sock.sendall(
+                (
+                    f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
         yield socks
     finally:
         for sock in socks:
+            sock.close()
+
+
+def close_the_unsent(socks: list[socket.socket], up: Upstream) -> None:
+    """Close the clients whose requests the upstream has not seen, before any of those it has.
+
+    The sockets of one test close one after another, not at one instant: were an answered client
+    to go first, its slot would pass to a waiter whose client is still there (its close not yet
+    read), and that waiter is rightly sent. Closing the waiting ones first makes "nothing waiting
+    is sent upstream afterwards" a question with one right answer."""
+    sent = {json.loads(call.body)["user"] for call in up.calls()}
+    for index, sock in enumerate(socks):
+        if f"client-{index}" not in sent:
             sock.close()
 
 
@@ -62,8 +78,11 @@ def test_gone_clients_leave_the_semaphore_and_the_upstream_at_once(
     proxy = launch(config, clock=FakeClock())
     semaphore = proxy.rt.engine.connections["loc-1"].semaphore
     assert semaphore is not None and semaphore.limit == 8
-    with clients(proxy, 24, "loc/m1"):
+    with clients(proxy, 24, "loc/m1") as socks:
         wait_until(lambda: up.fake.in_flight == 8 and semaphore.waiting == 16, what="8 sent and 16 waiting")
+        close_the_unsent(socks, up)
+        wait_until(lambda: semaphore.waiting == 0, what="the 16 waiting to withdraw")
+        assert len(up.calls()) == 8
     wait_until(lambda: up.fake.in_flight == 0, what="the upstream calls to be cancelled")
     proxy.settled()
     assert (semaphore.in_use, semaphore.waiting) == (0, 0)
@@ -82,11 +101,14 @@ def test_gone_clients_leave_the_request_queue_at_once(
         clock=FakeClock(),
     )
     limiter = proxy.rt.engine.connections["key-a"].limiter
-    with clients(proxy, 6, "cloud/m1"):
+    with clients(proxy, 6, "cloud/m1") as socks:
         wait_until(lambda: up.fake.in_flight == 2, what="2 sent")
         limiter = proxy.rt.engine.connections["key-a"].limiter
         assert limiter is not None
         wait_until(lambda: limiter is not None and limiter.queued == 4, what="4 queued")
+        close_the_unsent(socks, up)
+        wait_until(lambda: limiter is not None and limiter.queued == 0, what="the 4 queued to withdraw")
+        assert len(up.calls()) == 2
     wait_until(lambda: up.fake.in_flight == 0, what="the upstream calls to be cancelled")
     proxy.settled()
     assert limiter is not None and (limiter.queued, limiter.running) == (0, 0)
