@@ -8,9 +8,9 @@ lands in the Events tab and in `GET /api/events` the same way, whichever surface
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from proxy.engine import Engine
+from proxy.readmodel import ConnectionView, ReadModel
 
 Table = Literal["breakers", "connections", "lockouts"]
 Verb = Literal["reset", "toggle"]
@@ -18,6 +18,22 @@ Scope = Literal["row", "shown", "all"]
 """`row`: the selected row (`r`, `e`); `shown`: every row the filter keeps (`R`); `all`: `R` with no filter."""
 
 SOURCE = "tui"
+
+
+class Operator(Protocol):
+    """The engine's operator commands, the only writes an action makes (the engine satisfies it)."""
+
+    def reset_breakers(self, provider: str | None = None, *, source: str = ...) -> int: ...
+
+    def reset_connection(self, connection_id: str | None = None, *, source: str = ...) -> int: ...
+
+    def set_connection_enabled(self, connection_id: str, enabled: bool, *, source: str = ...) -> None: ...
+
+    def reenable(
+        self, provider: str, model: str, connection_id: str | None = None, *, source: str = ...
+    ) -> int: ...
+
+    def reenable_all(self, *, source: str = ...) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +96,17 @@ class Result:
         return f"{self.commands[0]} … and {len(self.commands) - 1} more"
 
 
-def apply(engine: Engine, action: Action) -> Result:
-    """Run the action; KeyError when a target vanished (a row can outlive its entry by one tick)."""
-    now = engine.clock.now()
+def apply(read: ReadModel, engine: Operator, action: Action) -> Result:
+    """Run the action through the engine's commands (the ones the management API runs), reading what
+    each target was through the read model; KeyError when a target vanished (a row can outlive its
+    entry by one tick)."""
+    now = read.now()
     commands: list[str] = []
     said: list[str] = []
     changed = 0
     if action.verb == "toggle":
         for (cid,) in action.targets:
-            enabled = not engine.connections[cid].health.enabled
+            enabled = not _connection(read, cid, now).enabled
             engine.set_connection_enabled(cid, enabled, source=SOURCE)
             commands.append(f"omniroute {'enable' if enabled else 'disable'} {cid}")
             said.append(f"{'Enabled' if enabled else 'Disabled'} connection {cid}")
@@ -96,11 +114,13 @@ def apply(engine: Engine, action: Action) -> Result:
         return Result(tuple(commands), changed, tuple(said))
     if action.table == "breakers":
         for (pid,) in action.targets:
-            breaker = engine.providers[pid].breaker
-            state = breaker.state(now).value
-            if state != "CLOSED" or breaker.failure_count:
+            breaker = read.breaker(pid, now)
+            if breaker is None:
+                raise KeyError(pid)
+            state = breaker.state
+            if state != "CLOSED" or breaker.failures:
                 changed += 1
-                said.append(f"Reset breaker {pid} (was {state}, {breaker.failure_count} failures)")
+                said.append(f"Reset breaker {pid} (was {state}, {breaker.failures} failures)")
             else:
                 said.append(f"Breaker {pid} was already CLOSED")
         if action.scope == "all":
@@ -112,9 +132,9 @@ def apply(engine: Engine, action: Action) -> Result:
                 commands.append(f"omniroute reset breaker {pid}")
     elif action.table == "connections":
         for (cid,) in action.targets:
-            health = engine.connections[cid].health
-            status = health.status(now)
-            if status not in ("active", "disabled") or health.backoff_level:
+            conn = _connection(read, cid, now)
+            status = conn.status
+            if status not in ("active", "disabled") or conn.backoff_level:
                 changed += 1
                 said.append(f"Cleared connection {cid} (was {status})")
             else:
@@ -142,3 +162,10 @@ def apply(engine: Engine, action: Action) -> Result:
             )
             commands.append(f"omniroute reenable {provider}/{model} --connection {cid}")
     return Result(tuple(commands), changed, tuple(said))
+
+
+def _connection(read: ReadModel, connection_id: str, now: float) -> ConnectionView:
+    found = read.connection(connection_id, now)
+    if found is None:
+        raise KeyError(connection_id)
+    return found

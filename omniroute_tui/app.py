@@ -95,7 +95,7 @@ class OmniRouteApp(App[int]):
         self.host = ProxyHost(runtime, serve_sock, demo=runtime.demo) if serve_sock is not None else None
         server = runtime.config.server
         base = self.host.base_url if self.host else f"http://{server.host}:{server.port}"
-        self.feed = Feed(self, runtime, url=f"{base}/v1", read_only=read_only, live=live)
+        self.feed = Feed(self, runtime.read, url=f"{base}/v1", read_only=read_only, live=live)
         self._cleanup = ExitStack()
         self._quitting = False
         self._visited: set[str] = {"overview"}
@@ -285,7 +285,7 @@ class OmniRouteApp(App[int]):
 
     @work(exclusive=True, group="actions", exit_on_error=False)
     async def perform(self, action: actions.Action) -> actions.Result:
-        return actions.apply(self.runtime.engine, action)
+        return actions.apply(self.runtime.read, self.runtime.engine, action)
 
     @on(Worker.StateChanged)
     def _worker_changed(self, event: Worker.StateChanged) -> None:

@@ -1,4 +1,4 @@
-"""The console's only collector: reads the engine in-process and posts immutable snapshots.
+"""The console's only collector: reads the instance's read model in-process and posts immutable snapshots.
 
 Why one collector: the proxy serves from the same event loop, so every millisecond spent reading
 the engine is a millisecond a request waits. So there is one re-armed one-shot timer (never
@@ -30,9 +30,7 @@ from omniroute_tui import format as fmt
 from omniroute_tui import snapshot as snap
 from omniroute_tui.messages import SnapshotReady
 from omniroute_tui.snapshot import Detail, Entry, Overview, Row, Snapshot, SortKey, TableSnapshot, View
-from proxy.resilience.events import Event
-from proxy.resilience.lockout import LockoutEntry, LockoutTable
-from proxy.runtime import Runtime
+from proxy.readmodel import Event, LockoutView, ReadModel
 
 TICK_S: Final = 0.5
 WINDOW_MARGIN: Final = 10
@@ -61,25 +59,25 @@ class LockoutIndex:
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
-        self.entries: dict[str, tuple[LockoutEntry, Row]] = {}
-        """By row key: the live entry and the row it was rendered into."""
+        self.entries: dict[str, tuple[LockoutView, Row]] = {}
+        """By row key: the lockout as read and the row it was rendered into."""
         self.matching: tuple[Row, ...] = ()
         self._view: View | None = None
         self._arranged: list[Row] | None = None
 
-    def load(self, active: list[LockoutEntry]) -> None:
+    def load(self, active: list[LockoutView]) -> None:
         pairs = [(e, snap.lockout_template(e)) for e in active]
         self.entries = {row.key: (e, row) for e, row in pairs}
         self.rows = sorted((row for _, row in pairs), key=_order)
         self._arranged = None
 
-    def update(self, table: LockoutTable, keys: Iterable[tuple[str, ...]], now: float) -> None:
+    def update(self, read: ReadModel, keys: Iterable[tuple[str, ...]], now: float) -> None:
         for provider, connection, model in keys:
             old = self.entries.pop(snap.lockout_key(provider, connection, model), None)
             if old is not None:
                 i = bisect.bisect_left(self.rows, _order(old[1]), key=_order)
                 del self.rows[i]
-            entry = table.get(provider, connection, model)
+            entry = read.lockout(provider, connection, model)
             if entry is not None and entry.expires_at > now:
                 row = snap.lockout_template(entry)
                 bisect.insort(self.rows, row, key=_order)
@@ -103,7 +101,7 @@ class LockoutIndex:
             self._arranged, self._view, self.matching = arranged, view, tuple(arranged)
         return self._arranged
 
-    def longest(self, n: int) -> list[LockoutEntry]:
+    def longest(self, n: int) -> list[LockoutView]:
         return [self.entries[row.key][0] for row in self.rows[: -n - 1 : -1]]
 
 
@@ -128,7 +126,7 @@ class Feed:
     def __init__(
         self,
         owner: MessagePump,
-        runtime: Runtime,
+        read: ReadModel,
         *,
         url: str,
         read_only: bool = False,
@@ -137,8 +135,7 @@ class Feed:
         limit: int = snap.ROW_LIMIT,
     ) -> None:
         self.owner = owner
-        self.runtime = runtime
-        self.engine = runtime.engine
+        self.read = read
         self.url = url
         self.read_only = read_only
         self.live = live
@@ -175,9 +172,9 @@ class Feed:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        for event in self.runtime.bus.after(0):  # what happened before the console opened
+        for event in self.read.events_after(0):  # what happened before the console opened
             self._push(event)
-        self._unsubscribe = self.runtime.bus.subscribe(self._push)
+        self._unsubscribe = self.read.subscribe(self._push)
         self.request()
         if self.live:
             self._arm()
@@ -193,7 +190,7 @@ class Feed:
 
     def log(self, logger: str, level: str, message: str) -> None:
         """Thread-safe: a log record for the Events tab."""
-        self._push((self.runtime.clock.now(), logger, level, message))
+        self._push((self.read.now(), logger, level, message))
 
     def _push(self, item: Event | _LogLine) -> None:
         # O(1) and thread-safe enough: deque.append is atomic, and the flag only ever goes to True
@@ -229,25 +226,25 @@ class Feed:
 
     def collect(self, *, force: bool = False) -> Snapshot | None:
         """Build and post a snapshot if anything visible can have changed; returns it."""
-        engine = self.engine
-        now = engine.clock.now()
+        read = self.read
+        now = read.now()
         self._drain()
-        stats = engine.stats
         tab = self.tab
         # State changes (events, the operator's view) show within a tick. What merely counts (the
         # requests, a countdown, the uptime) moves once a second, header and body in the same tick:
         # Textual's compositor re-renders every widget under a frame's dirty region, so one frame
         # with both costs the proxy about half of two frames with one each (bench/tui.py).
         body_key = (
-            self.runtime.bus.last_seq,
+            read.last_seq,
             self._log_count,
             tab,
             self.views.get(tab),
             self.selected.get(tab),
             self.windows.get(tab),
         )
-        counters = (stats.total, stats.in_flight)
-        second = int((now - engine.started_at) // 1000)  # the uptime's seconds: one step per header
+        traffic = read.traffic()
+        counters = (traffic.total, traffic.in_flight)
+        second = int((now - read.started_at) // 1000)  # the uptime's seconds: one step per header
         changed = force or body_key != self._body_key
         header_due = changed or second != self._second
         body_due = changed or (second != self._body_second and (self._moving or counters != self._counters))
@@ -256,10 +253,9 @@ class Feed:
         self._second = second
         lockouts = self._lockouts(now)
         head = snap.header(
-            engine,
+            read,
             now,
             url=self.url,
-            version=self.runtime.version,
             live=not self.paused,
             read_only=self.read_only,
             lockouts=len(lockouts.rows),
@@ -301,32 +297,42 @@ class Feed:
     def _lockouts(self, now: float) -> LockoutIndex:
         index, changes = self.lockouts, self._lockout_changes
         if changes is None or len(changes) > max(100, len(index.rows) // 4):
-            index.load(self.engine.lockouts.active(now))
+            index.load(self.read.lockouts(now))
         elif changes:
-            index.update(self.engine.lockouts, changes, now)
+            index.update(self.read, changes, now)
         self._lockout_changes = set()
         index.expire(now)
         return index
 
     def _body(self, tab: str, lockouts: LockoutIndex, now: float) -> TableSnapshot | Overview | None:
-        engine = self.engine
+        read = self.read
         if tab == "overview":
             longest = lockouts.longest(snap.OVERVIEW_ROWS)
-            return snap.overview(engine, self.history, longest, len(lockouts.rows), now)
+            return snap.overview(
+                read.breakers(now), read.unwell(now), self.history, longest, len(lockouts.rows), now
+            )
         if tab == "settings":
             return None
         view = self.views[tab]
         selected = self.selected.get(tab)
         table: TableSnapshot
         if tab == "breakers":
-            provider = engine.providers.get(selected or "")
-            detail = snap.breaker_detail(provider, now) if provider else None
-            rows = [snap.breaker_row(p, now) for p in engine.providers.values()]
+            breakers = read.breakers(now)
+            picked = next((b for b in breakers if b.provider == selected), None)
+            detail = (
+                snap.breaker_detail(picked, read.breaker_history(picked.provider), now) if picked else None
+            )
+            rows = [snap.breaker_row(b) for b in breakers]
             table = snap.select(tab, rows, view, limit=self.limit, detail=detail)
         elif tab == "connections":
-            conn = engine.connections.get(selected or "")
-            detail = snap.connection_detail(engine, conn, self.history, now) if conn else None
-            rows = [snap.connection_row(c, now) for c in engine.connections.values()]
+            connections = read.connections(now)
+            conn = next((c for c in connections if c.id == selected), None)
+            detail = (
+                snap.connection_detail(conn, read.lockouts_of(conn.provider, conn.id, now), self.history)
+                if conn
+                else None
+            )
+            rows = [snap.connection_row(c) for c in connections]
             table = snap.select(tab, rows, view, limit=self.limit, detail=detail)
         elif tab == "lockouts":
             table = self._lockout_table(lockouts, view, selected, now)
@@ -371,7 +377,7 @@ class Feed:
         detail = snap.lockout_detail(pair[0], self.history) if pair is not None else None
         rows = tuple(finish(r, start <= i < stop) for i, r in enumerate(arranged[: self.limit]))
         self._finished = finished
-        notice = snap.lockout_notice(self.engine.lockout_table_status())
+        notice = snap.lockout_notice(self.read.lockout_table())
         return TableSnapshot("lockouts", rows, view, len(lockouts.rows), lockouts.matching, detail, notice)
 
     def _event_detail(self, selected: str | None) -> Detail | None:

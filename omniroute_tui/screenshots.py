@@ -21,29 +21,29 @@ from textual.pilot import Pilot
 from omniroute_tui.app import OmniRouteApp, make_app
 from proxy import serve
 from proxy.demo import DEMO_PORT
-from proxy.engine import Engine
+from proxy.readmodel import ReadModel
 
 SIZE = (120, 40)
 MIN_WARMUP_S = 20.0
 MAX_WAIT_S = 40.0
 
 
-def _flaky_open(engine: Engine, now: float) -> bool:
-    flaky = engine.providers.get("flaky")
-    return flaky is not None and flaky.breaker.state(now).value == "OPEN"
+def _flaky_open(read: ReadModel, now: float) -> bool:
+    flaky = read.breaker("flaky", now)
+    return flaky is not None and flaky.state == "OPEN"
 
 
-def _some_lockout(engine: Engine, now: float) -> bool:
-    return bool(engine.lockouts.active(now))
+def _some_lockout(read: ReadModel, now: float) -> bool:
+    return bool(read.lockouts(now))
 
 
-def _always(engine: Engine, now: float) -> bool:
+def _always(read: ReadModel, now: float) -> bool:
     return True
 
 
 # Each view waits (up to MAX_WAIT_S) for the moment that shows what it is for. Breakers first:
 # the flaky provider is OPEN for only ~15 s at a time.
-VIEWS: tuple[tuple[str, str, Callable[[Engine, float], bool]], ...] = (
+VIEWS: tuple[tuple[str, str, Callable[[ReadModel, float], bool]], ...] = (
     ("breakers", "2", _flaky_open),
     ("overview", "1", _always),
     ("connections", "3", _always),
@@ -62,11 +62,11 @@ def _socket() -> socket.socket:
         return serve.bind_socket("127.0.0.1", 0)
 
 
-async def _wait_for(app: OmniRouteApp, pilot: Pilot[int], ready: Callable[[Engine, float], bool]) -> None:
-    engine = app.runtime.engine
+async def _wait_for(app: OmniRouteApp, pilot: Pilot[int], ready: Callable[[ReadModel, float], bool]) -> None:
+    read = app.runtime.read
     loop = asyncio.get_running_loop()
     deadline = loop.time() + MAX_WAIT_S
-    while not ready(engine, engine.clock.now()) and loop.time() < deadline:
+    while not ready(read, read.now()) and loop.time() < deadline:
         await pilot.pause(0.25)
 
 

@@ -1,12 +1,13 @@
-"""Immutable view models of the engine, and the pure functions that build them.
+"""Immutable view models of the instance, and the pure functions that build them from its read model.
 
 A `Snapshot` is everything one redraw needs, already formatted: rows of strings with their sort
-keys and a style class, so widgets only copy text into cells and never read the engine. Rows are
+keys and a style class, so widgets only copy text into cells and never read the instance. Rows are
 frozen, so the tables can diff the previous snapshot against the next one by identity first and
 by value second, and touch only the cells that changed.
 
-The builders here are pure (engine state + `now` in, view models out); `feed.py` decides when to
-call them and caches what does not change between ticks.
+The builders here are pure (the read model's views + `now` in, view models out; they never touch
+the engine itself); `feed.py` decides when to call them and caches what does not change between
+ticks.
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ from typing import Final
 
 from omniroute_tui import format as fmt
 from omniroute_tui.untrusted import visible
-from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
-from proxy.resilience.events import Event
-from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus
+from proxy.readmodel import (
+    BreakerView,
+    ConnectionView,
+    Event,
+    LockoutTableStatus,
+    LockoutView,
+    ReadModel,
+    TransitionView,
+)
 
 SortKey = float | str
 
@@ -214,145 +221,131 @@ def _search(*parts: str) -> str:
 # -- breakers -------------------------------------------------------------------------------------
 
 
-def breaker_row(provider: ProviderRuntime, now: float) -> Row:
-    b = provider.breaker
-    state = b.state(now).value
-    retry = b.retry_after_ms(now)
-    policy = b.policy
-    pid = visible(provider.spec.id)
-    cls = provider.spec.provider_class
+def breaker_row(b: BreakerView) -> Row:
+    state = b.state
+    retry = b.retry_after_ms
+    pid = visible(b.provider)
+    cls = b.provider_class
     last = b.last_failure_at
     return Row(
-        key=pid,
+        key=b.provider,
         cells=(
             pid,
             cls,
             state,
-            str(b.failure_count),
-            f"{policy.degradation_threshold} / {policy.failure_threshold}",
+            str(b.failures),
+            f"{b.degradation_threshold} / {b.failure_threshold}",
             fmt.countdown(retry),
-            str(b.open_cycle_count),
+            str(b.open_cycles),
             fmt.clock_time(last),
         ),
         sort_keys=(
             pid,
             cls,
             float(_BREAKER_RANK[state]),
-            float(b.failure_count),
-            float(policy.failure_threshold),
+            float(b.failures),
+            float(b.failure_threshold),
             retry,
-            float(b.open_cycle_count),
+            float(b.open_cycles),
             last or 0.0,
         ),
         style=fmt.BREAKER_STYLES[state],
-        target=(pid,),
+        target=(b.provider,),
         search=_search(pid, cls, state),
     )
 
 
-def breaker_detail(provider: ProviderRuntime, now: float) -> Detail:
-    b = provider.breaker
-    state = b.state(now).value
-    p = b.policy
+def breaker_detail(b: BreakerView, history: Sequence[TransitionView], now: float) -> Detail:
     lines: list[tuple[str, str]] = [
         (
-            f"failures {b.failure_count} · degraded at {p.degradation_threshold} · opens at "
-            f"{p.failure_threshold} · reset timeout {fmt.duration(b.effective_reset_timeout_ms())} · "
-            f"open cycles {b.open_cycle_count}",
+            f"failures {b.failures} · degraded at {b.degradation_threshold} · opens at "
+            f"{b.failure_threshold} · reset timeout {fmt.duration(b.reset_timeout_ms)} · "
+            f"open cycles {b.open_cycles}",
             fmt.INFO,
         ),
     ]
-    history = list(b.history)[::-1]
     if not history:
         lines.append(("no transitions yet", fmt.OFF))
-    for t in history:
+    for t in reversed(history):
         lines.append(
             (
-                f"{fmt.clock_time(t.ts)}  {t.from_state.value} → {t.to_state.value}  {visible(t.reason)}",
-                fmt.BREAKER_STYLES[t.to_state.value],
+                f"{fmt.clock_time(t.ts)}  {t.from_state} → {t.to_state}  {visible(t.reason)}",
+                fmt.BREAKER_STYLES[t.to_state],
             )
         )
     # Instants, not countdowns: the row above counts down, and a detail that changed every
     # second would be repainted every second for nothing.
-    retry = b.retry_after_ms(now)
-    suffix = f" · probe at {fmt.clock_time(now + retry)}" if retry > 0 else ""
-    return Detail(f"{visible(provider.spec.id)} · {state}{suffix}", tuple(lines))
+    suffix = f" · probe at {fmt.clock_time(now + b.retry_after_ms)}" if b.retry_after_ms > 0 else ""
+    return Detail(f"{visible(b.provider)} · {b.state}{suffix}", tuple(lines))
 
 
 # -- connections ----------------------------------------------------------------------------------
 
 
-def connection_row(conn: ConnectionRuntime, now: float) -> Row:
-    h = conn.health
-    spec = conn.spec
-    status = h.status(now)
-    left = h.remaining_ms(now)
-    limit = spec.max_concurrent
-    provider, cid = visible(spec.provider), visible(spec.id)
+def connection_row(c: ConnectionView) -> Row:
+    status = c.status
+    left = c.remaining_ms
+    provider, cid = visible(c.provider), visible(c.id)
     return Row(
-        key=spec.id,
+        key=c.id,
         cells=(
             provider,
             cid,
             status,
             fmt.countdown(left),
-            str(h.backoff_level),
-            fmt.clip(fmt.readable_error(h.last_error), 32),
-            str(h.error_code) if h.error_code is not None else fmt.NONE,
-            fmt.in_flight(conn.in_flight, limit),
+            str(c.backoff_level),
+            fmt.clip(fmt.readable_error(c.last_error), 32),
+            str(c.error_code) if c.error_code is not None else fmt.NONE,
+            fmt.in_flight(c.in_flight, c.max_concurrent),
         ),
         sort_keys=(
-            spec.provider,
-            spec.id,
+            c.provider,
+            c.id,
             float(_CONNECTION_RANK[status]),
             left,
-            float(h.backoff_level),
-            h.last_error or "",
-            float(h.error_code or 0),
-            float(conn.in_flight),
+            float(c.backoff_level),
+            c.last_error or "",
+            float(c.error_code or 0),
+            float(c.in_flight),
         ),
         style=fmt.CONNECTION_STYLES[status],
-        target=(spec.id,),
-        search=_search(provider, cid, visible(spec.name), status, visible(h.last_error or "")),
+        target=(c.id,),
+        search=_search(provider, cid, visible(c.name), status, visible(c.last_error or "")),
     )
 
 
-def connection_detail(
-    engine: Engine, conn: ConnectionRuntime, history: Iterable[Entry], now: float
-) -> Detail:
-    h = conn.health
-    spec = conn.spec
-    status = h.status(now)
+def connection_detail(c: ConnectionView, locks: Sequence[LockoutView], history: Iterable[Entry]) -> Detail:
+    """`locks`: the connection's running lockouts (the first three are shown)."""
+    status = c.status
     lines: list[tuple[str, str]] = []
-    if h.last_error:
-        lines.append((f"last error: {fmt.clip(h.last_error, 200)}", fmt.CONNECTION_STYLES[status]))
-        code = f" · code {h.error_code}" if h.error_code is not None else ""
+    if c.last_error:
+        lines.append((f"last error: {fmt.clip(c.last_error, 200)}", fmt.CONNECTION_STYLES[status]))
+        code = f" · code {c.error_code}" if c.error_code is not None else ""
         lines.append(
             (
-                f"error type {visible(h.last_error_type or fmt.NONE)}{code} · at {fmt.clock_time(h.last_error_at)}",
+                f"error type {visible(c.last_error_type or fmt.NONE)}{code} · at {fmt.clock_time(c.last_error_at)}",
                 fmt.INFO,
             )
         )
-    left = h.remaining_ms(now)
-    until = f"cooling until {fmt.clock_time(h.rate_limited_until)}" if left > 0 else "not cooling"
+    until = f"cooling until {fmt.clock_time(c.rate_limited_until)}" if c.remaining_ms > 0 else "not cooling"
     lines.append(
         (
-            f"{until} · backoff level {h.backoff_level} · "
-            f"priority {spec.priority} · key {visible(spec.masked_key or fmt.NONE)}",
+            f"{until} · backoff level {c.backoff_level} · "
+            f"priority {c.priority} · key {visible(c.masked_key or fmt.NONE)}",
             fmt.INFO,
         )
     )
-    for entry in engine.lockouts.for_connection(spec.provider, spec.id, now)[:3]:
+    for lock in locks[:3]:
         lines.append(
             (
-                f"locked model {visible(entry.model)} ({visible(entry.reason)}) "
-                f"until {fmt.clock_time(entry.expires_at)}",
+                f"locked model {visible(lock.model)} ({visible(lock.reason)}) "
+                f"until {fmt.clock_time(lock.expires_at)}",
                 fmt.WARN,
             )
         )
-    lines.extend(_history_lines(history, "connection", spec.id))
-    enabled = "" if h.enabled else " · disabled"
-    return Detail(f"{visible(spec.id)} ({visible(spec.provider)}) · {status}{enabled}", tuple(lines))
+    lines.extend(_history_lines(history, "connection", c.id))
+    enabled = "" if c.enabled else " · disabled"
+    return Detail(f"{visible(c.id)} ({visible(c.provider)}) · {status}{enabled}", tuple(lines))
 
 
 # -- lockouts -------------------------------------------------------------------------------------
@@ -365,7 +358,7 @@ def lockout_key(provider: str, connection: str, model: str) -> str:
     return f"{provider}\x1f{connection}\x1f{model}"
 
 
-def lockout_template(entry: LockoutEntry) -> Row:
+def lockout_template(entry: LockoutView) -> Row:
     """Everything but the countdown, which `with_remaining` fills in for the rows on screen."""
     reason = visible(entry.reason if entry.status is None else f"{entry.reason} ({entry.status})")
     provider, cid, model = visible(entry.provider), visible(entry.connection_id), visible(entry.model)
@@ -419,7 +412,7 @@ def with_remaining(template: Row, expires_at: float, now: float) -> Row:
     return Row(template.key, cells, template.sort_keys, template.style, template.target, template.search)
 
 
-def lockout_detail(entry: LockoutEntry, history: Iterable[Entry]) -> Detail:
+def lockout_detail(entry: LockoutView, history: Iterable[Entry]) -> Detail:
     status = f" ({entry.status})" if entry.status is not None else ""
     lines: list[tuple[str, str]] = [
         (
@@ -518,41 +511,42 @@ def select(
 # -- overview and header --------------------------------------------------------------------------
 
 
-def tile(provider: ProviderRuntime, now: float) -> Tile:
-    b = provider.breaker
-    state = b.state(now).value
-    if state == "OPEN":
-        text = fmt.duration(b.retry_after_ms(now))
-    elif state == "HALF_OPEN":
+def tile(b: BreakerView) -> Tile:
+    if b.state == "OPEN":
+        text = fmt.duration(b.retry_after_ms)
+    elif b.state == "HALF_OPEN":
         text = "probe"
     else:
-        text = f"{b.failure_count}/{b.policy.failure_threshold}"
-    return Tile(visible(provider.spec.id), state, text, fmt.BREAKER_STYLES[state], key=provider.spec.id)
+        text = f"{b.failures}/{b.failure_threshold}"
+    return Tile(visible(b.provider), b.state, text, fmt.BREAKER_STYLES[b.state], key=b.provider)
 
 
 def overview(
-    engine: Engine, history: Iterable[Entry], longest: Sequence[LockoutEntry], lockout_total: int, now: float
+    breakers: Iterable[BreakerView],
+    unwell: Sequence[ConnectionView],
+    history: Iterable[Entry],
+    longest: Sequence[LockoutView],
+    lockout_total: int,
+    now: float,
 ) -> Overview:
-    """`longest`: the running lockouts with the most time left, longest first."""
-    tiles = tuple(tile(p, now) for p in engine.providers.values())
-    unwell = [c for c in engine.connections.values() if c.health.status(now) != "active"]
+    """`unwell`: the connections that are not active; `longest`: the running lockouts with the most
+    time left, longest first."""
+    tiles = tuple(tile(b) for b in breakers)
     worst = heapq.nsmallest(
-        OVERVIEW_ROWS,
-        unwell,
-        key=lambda c: (_CONNECTION_RANK[c.health.status(now)], -c.health.remaining_ms(now), c.spec.id),
+        OVERVIEW_ROWS, unwell, key=lambda c: (_CONNECTION_RANK[c.status], -c.remaining_ms, c.id)
     )
     cooling = tuple(
         Row(
-            key=c.spec.id,
-            target=("connections", c.spec.id),
+            key=c.id,
+            target=("connections", c.id),
             cells=(
-                visible(c.spec.id),
-                c.health.status(now),
-                fmt.countdown(c.health.remaining_ms(now)),
-                fmt.clip(fmt.readable_error(c.health.last_error), 60),
+                visible(c.id),
+                c.status,
+                fmt.countdown(c.remaining_ms),
+                fmt.clip(fmt.readable_error(c.last_error), 60),
             ),
             sort_keys=(),
-            style=fmt.CONNECTION_STYLES[c.health.status(now)],
+            style=fmt.CONNECTION_STYLES[c.status],
         )
         for c in worst
     )
@@ -576,29 +570,26 @@ def overview(
 
 
 def header(
-    engine: Engine,
+    read: ReadModel,
     now: float,
     *,
     url: str,
-    version: str,
     live: bool,
     read_only: bool,
     lockouts: int,
 ) -> Header:
-    open_breakers = sum(1 for p in engine.providers.values() if p.breaker.state(now).value == "OPEN")
-    cooling = sum(1 for c in engine.connections.values() if c.health.status(now) == "cooling")
-    rates = engine.stats.rate_series(now, 30)
+    rates = read.rates(now, 30)
+    traffic = read.traffic()
     # The current second is still filling up: the last complete one is the honest rate.
-    stats = engine.stats
     return Header(
         url=visible(url),
-        version=visible(version),
-        uptime=fmt.duration(now - engine.started_at),
+        version=visible(read.version),
+        uptime=fmt.duration(now - read.started_at),
         rates=tuple(rates[:-1]),
         rate_now=fmt.rate(rates[-2] if len(rates) > 1 else 0),
-        requests=f"{fmt.count(stats.total)} req · {fmt.count(stats.failed)} failed",
-        open_breakers=open_breakers,
-        cooling=cooling,
+        requests=f"{fmt.count(traffic.total)} req · {fmt.count(traffic.failed)} failed",
+        open_breakers=read.open_breakers(now),
+        cooling=read.cooling(now),
         lockouts=lockouts,
         live=live,
         read_only=read_only,

@@ -19,6 +19,7 @@ from proxy import __version__
 from proxy.config import Config
 from proxy.engine import ConnectionSpec, Engine, ProviderSpec
 from proxy.pipeline import Pipeline
+from proxy.readmodel import ReadModel
 from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import SettingsError
 from proxy.resilience.events import EventBus
@@ -105,6 +106,8 @@ class Runtime:
         )
         self.router = Router(config, self.engine, self._list_models)
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
+        self.read = ReadModel(self.engine, self.bus, self.version)
+        """What observers (the console) read: frozen views, never the engine's live objects."""
         self._persist_task: asyncio.Task[None] | None = None
         self._settings_lock = asyncio.Lock()
 

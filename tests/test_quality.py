@@ -59,3 +59,40 @@ def test_proxy_never_imports_the_console() -> None:
         )
     ]
     assert offenders == []
+
+
+# What the console may take from proxy/: the read model it observes through, the settings schema
+# its cards edit, and the entry points that start, host or describe an instance. Never the engine,
+# its layers' live objects (breakers, health, lockout tables), the pipeline or the store.
+CONSOLE_MAY_IMPORT = {
+    "proxy",  # __version__
+    "proxy.readmodel",
+    "proxy.settings",
+    "proxy.resilience.errors",  # the settings schema's validation errors
+    "proxy.resilience.outcome",  # the provider class names the cards offer
+    "proxy.config",
+    "proxy.serve",
+    "proxy.runtime",
+    "proxy.signals",
+    "proxy.statelock",
+    "proxy.logs",
+    "proxy.demo",
+}
+
+
+def test_the_console_observes_only_through_the_read_model() -> None:
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "omniroute_tui").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                if (module == "proxy" or module.startswith("proxy.")) and module not in CONSOLE_MAY_IMPORT:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
+    assert offenders == []

@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from omniroute_tui.cards.card import READ_ONLY_NOTE, SettingsCard
 from omniroute_tui.cards.catalog import CARDS
-from proxy.resilience.events import Event
+from proxy.readmodel import Event
 
 if TYPE_CHECKING:
     from proxy.runtime import Runtime

@@ -83,13 +83,13 @@ def test_operator_actions_name_their_cli_command() -> None:
         (actions.Action("lockouts", "reset", (), "all"), ("omniroute reenable --all",)),
     ]
     for action, commands in cases:
-        result = actions.apply(engine, action)
+        result = actions.apply(runtime.read, engine, action)
         assert result.commands == commands
         event = runtime.bus.after(0)[-1]
         assert (event.layer, f"omniroute {event.key}", event.reason) == ("operator", commands[0], "tui")
     assert engine.lockouts.active(engine.clock.now()) == []
     with pytest.raises(KeyError):
-        actions.apply(engine, actions.Action("connections", "reset", (("gone",),)))
+        actions.apply(runtime.read, engine, actions.Action("connections", "reset", (("gone",),)))
 
 
 async def test_a_tick_builds_nothing_when_nothing_changed() -> None:
@@ -177,7 +177,7 @@ def test_the_lockout_index_follows_events_like_a_full_reload() -> None:
     runtime = build_runtime()
     engine = runtime.engine
     clock: Any = engine.clock
-    feed = Feed(_Owner(), runtime, url="http://test/v1", live=False)  # type: ignore[arg-type]
+    feed = Feed(_Owner(), runtime.read, url="http://test/v1", live=False)  # type: ignore[arg-type]
     feed.start()
     settings = LockoutSettings(enabled=True)
     rng = random.Random(7)

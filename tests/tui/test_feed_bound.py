@@ -27,7 +27,7 @@ class _Owner:
 
 
 def _feed(runtime: Any) -> Feed:
-    feed = Feed(_Owner(), runtime, url="http://test/v1", live=False)  # type: ignore[arg-type]
+    feed = Feed(_Owner(), runtime.read, url="http://test/v1", live=False)  # type: ignore[arg-type]
     feed.start()
     return feed
 
