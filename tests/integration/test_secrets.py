@@ -129,12 +129,14 @@ def test_an_echoed_key_is_in_no_answer_view_log_event_or_state_file(
         seen.extend((result.stdout, result.stderr))
     seen.extend(json.dumps(event.to_dict()) for event in proxy.rt.bus.after(0))
     # The console: each connection's row and detail pane (with its event history).
-    engine = proxy.rt.engine
+    read = proxy.rt.read
     history = [snapshot.event_entry(event) for event in proxy.rt.bus.after(0)]
-    for conn in engine.connections.values():
-        now = engine.clock.now()
-        seen.append(repr(snapshot.connection_row(conn, now)))
-        seen.append(repr(snapshot.connection_detail(engine, conn, history, now)))
+    now = read.now()
+    for conn in read.connections(now):
+        seen.append(repr(snapshot.connection_row(conn)))
+        seen.append(
+            repr(snapshot.connection_detail(conn, read.lockouts_of(conn.provider, conn.id, now), history))
+        )
     unsubscribe()
 
     state = proxy.state_path

@@ -519,6 +519,7 @@ async def test_error_codes_are_added_and_removed_then_saved(instance: Instance) 
         assert 700 not in codes.value
         codes.code_input.value = "429"
         await pilot.click(codes.query_one(".add", Button))
+        await pilot.pause()
         assert codes.message == "429 is already in the list"
         codes.codes_list.focus()
         codes.codes_list.highlighted = 1  # 404
