@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy import untrusted
@@ -273,6 +273,15 @@ def management_routes(runtime: Runtime) -> list[Route]:
             )
         return json_response({"events": [e.to_dict() for e in runtime.bus.after(int(digits))]})
 
+    # -- the live stream ------------------------------------------------------------------------
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(
+            runtime.stream.messages(request.headers.get("last-event-id")),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+
     return [
         Route("/api/monitoring/health", _answers(health), methods=["GET"]),
         Route("/api/monitoring/health", _answers(reset_all_breakers), methods=["DELETE"]),
@@ -285,5 +294,6 @@ def management_routes(runtime: Runtime) -> list[Route]:
         *settings_routes("/api/resilience", "resilience"),
         *settings_routes("/api/settings", "settings"),
         Route("/api/events", _answers(events), methods=["GET"]),
+        Route("/api/stream", stream, methods=["GET"]),
         openapi_route(),
     ]

@@ -433,6 +433,24 @@ def _paths() -> dict[str, Schema]:
                 ],
             )
         },
+        "/api/stream": {
+            "get": _op(
+                "The live stream: a snapshot, then every change (server-sent events)",
+                {
+                    "description": "`snapshot`, `event`, `state`, `settings` and `ping` messages; see docs/api.md",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                parameters=[
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "required": False,
+                        "schema": _STR,
+                        "description": "the last message's `id`: resume after it (a snapshot when it is gone)",
+                    }
+                ],
+            )
+        },
         PATH: {"get": _op("This document", _json({"type": "object"}, "OpenAPI 3.1"))},
     }  # fmt: skip
 

@@ -33,6 +33,7 @@ from proxy.settings import (
     defaults,
 )
 from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoredState
+from proxy.stream import StreamHub
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("omniroute")
@@ -108,6 +109,8 @@ class Runtime:
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
         self.read = ReadModel(self.engine, self.bus, self.version)
         """What observers (the console) read: frozen views, never the engine's live objects."""
+        self.stream = StreamHub(self.engine, self.bus, self.settings, self.version)
+        """`GET /api/stream`'s messages, for attached consoles and `--follow` scripts."""
         self._persist_task: asyncio.Task[None] | None = None
         self._settings_lock = asyncio.Lock()
 
@@ -148,6 +151,7 @@ class Runtime:
             self._persist_task = asyncio.create_task(self._persist_loop(), name="omniroute-persist")
 
     async def stop(self) -> None:
+        self.stream.close()  # normally done already, as the server began to stop (serve.make_server)
         if self._persist_task is not None:
             self._persist_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

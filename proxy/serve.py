@@ -240,12 +240,24 @@ def make_server(runtime: Runtime, sock: socket.socket, *, log_level: str = "warn
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         log_config=None,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, on_stop=runtime.stream.close)
     # uvicorn would take over SIGINT/SIGTERM (not SIGHUP) for the duration of `serve()` and re-raise
     # them afterwards, killing the process by the signal after its clean stop. The process's own
     # handlers (proxy.signals) decide instead, the same way for `serve` and `tui`.
     server.capture_signals = _no_signal_capture  # type: ignore[method-assign]
     return server
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, *, on_stop: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_stop = on_stop
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn waits for open responses before the lifespan's shutdown: the live streams, which
+        # never end by themselves, must end first, or every stop would wait out the grace period.
+        self._on_stop()
+        await super().shutdown(sockets)
 
 
 @contextlib.contextmanager

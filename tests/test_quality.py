@@ -70,6 +70,7 @@ CONSOLE_MAY_IMPORT = {
     "proxy.settings",
     "proxy.resilience.errors",  # the settings schema's validation errors
     "proxy.resilience.outcome",  # the provider class names the cards offer
+    "proxy.resilience.timefmt",  # the API's instants, read back
     "proxy.config",
     "proxy.serve",
     "proxy.runtime",
@@ -77,6 +78,7 @@ CONSOLE_MAY_IMPORT = {
     "proxy.statelock",
     "proxy.logs",
     "proxy.demo",
+    "proxy.sse",  # the server-sent events format, to read the live stream
 }
 
 

@@ -8,7 +8,7 @@ anything else → 1. httpx is imported by the commands that call an instance, ne
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -173,13 +173,46 @@ class Api:
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise InvalidValue(f"--url {url!r} is not a usable URL ({exc})") from None
         except httpx.TimeoutException:
-            raise NoInstance(
-                f"{url} did not answer within {self.timeout_s:g} s; is the instance hung? {START_HINT}"
-            ) from None
+            raise self._hung() from None
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
             raise NoInstance(f"no omniroute instance at {url} ({reason}); {START_HINT}") from None
         return self._answer(method, path, response, names)
+
+    def _hung(self) -> NoInstance:
+        return NoInstance(
+            f"{self.target.url} did not answer within {self.timeout_s:g} s; is the instance hung? {START_HINT}"
+        )
+
+    def stream(self, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The messages of a server-sent event stream, as (event name, JSON data), until it ends.
+
+        Raises the same `CliError`s as `call` when it cannot be opened; a stream that ends (the
+        instance stopped) or breaks is a `NoInstance` too: whoever follows it learns it is over."""
+        import httpx
+
+        from proxy.sse import SSEParser
+
+        url = self.target.url
+        parser = SSEParser()
+        try:
+            with self._client.stream(
+                "GET", path, timeout=httpx.Timeout(self.timeout_s, read=None)
+            ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    self._answer("GET", path, response, None)
+                for chunk in response.iter_raw():
+                    for event in parser.feed(chunk):
+                        data = event.json_object()
+                        if data is not None:
+                            yield event.event, data
+        except httpx.TimeoutException:
+            raise self._hung() from None
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise NoInstance(f"the stream from {url} broke ({reason})") from None
+        raise NoInstance(f"{url} ended the stream: the instance stopped")
 
     def _answer(self, method: str, path: str, response: httpx.Response, names: str | None) -> Any:
         status = response.status_code

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from omniroute_tui import format as fmt
 from omniroute_tui.untrusted import visible
+from proxy.resilience.timefmt import epoch_ms
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -108,18 +109,6 @@ def state_cell(state: str) -> Text:
 def duration(ms: float | None) -> str:
     """Milliseconds as the console writes them (`42s`, `1m 05s`, `2h 03m`); a dash when nothing is left."""
     return fmt.countdown(ms) if ms is not None else fmt.NONE
-
-
-def epoch_ms(iso: str | None) -> float | None:
-    """An API timestamp (ISO 8601 UTC, `...Z`) as epoch milliseconds; None when absent or unreadable."""
-    from datetime import datetime
-
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
-    except ValueError:
-        return None
 
 
 def ago(iso: str | None, now_ms: float | None = None) -> str:

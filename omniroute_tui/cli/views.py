@@ -1,4 +1,4 @@
-"""Read commands: `status`, `breakers`, `cooldowns`, `lockouts`, `connections`.
+"""Read commands: `status`, `breakers`, `cooldowns`, `lockouts`, `connections`, `events`.
 
 Each one GETs one management route. `--json` prints that route's view unchanged (the health
 document for `status`, a list for the four tables); otherwise a Rich table with every state
@@ -7,8 +7,10 @@ written out as well as coloured.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,6 +30,7 @@ from omniroute_tui.cli.output import (
     STATE_STYLES,
     ago,
     cell,
+    console,
     duration,
     emit,
     epoch_ms,
@@ -49,6 +52,17 @@ ERROR_WIDTH = 40
 HEALTH = "/api/monitoring/health"
 CONNECTIONS = "/api/resilience/connections"
 LOCKOUTS = "/api/resilience/model-cooldowns"
+EVENTS = "/api/events"
+STREAM = "/api/stream"
+
+FollowOpt = Annotated[
+    bool,
+    typer.Option(
+        "--follow",
+        "-f",
+        help="Then print every new one as it happens (from the live stream), until Ctrl+C or the instance stops.",
+    ),
+]
 
 
 @app.command(rich_help_panel=PANEL)
@@ -320,4 +334,93 @@ def _lockouts_table(rows: list[dict[str, Any]]) -> RenderableType | None:
             cell(duration(lockout["remainingMs"]), "yellow"),
             cell(_clock_time(lockout["expiresAt"])),
         )
+    return t
+
+
+@app.command(rich_help_panel=PANEL)
+def events(
+    follow: FollowOpt = False,
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Recent state changes (the last 1,000), oldest first; with --follow, one line per change as it
+    happens (with --json, one Event object per line). Ctrl+C stops following (exit 0); exits 3 when
+    the instance stops.
+
+    Example: [bold]omniroute events -f --json | jq -r 'select(.layer == "breaker") | .key'[/bold]
+    """
+    json_ = as_json(json_, output)
+    with connect(url, token, config, state) as api:
+        if not follow:
+            listed = api.get(EVENTS)["events"]
+            emit(listed, json_=json_, human=lambda: _events_view(listed))
+            return
+        try:
+            _follow_events(api.stream(STREAM), json_=json_)
+        except KeyboardInterrupt:
+            return
+
+
+def _follow_events(messages: Iterator[tuple[str, dict[str, Any]]], *, json_: bool) -> None:
+    printed = -1  # the seq of the last event printed; -1 before the first snapshot
+    for kind, data in messages:
+        if kind == "snapshot":
+            batch = data.get("events", [])
+            if printed >= 0 and batch and batch[0].get("seq", 0) > printed + 1:
+                # It fell behind and was sent a snapshot, which holds the last 200 events only.
+                note(
+                    f"(some events were missed: the next shown is #{batch[0]['seq']}, the last was #{printed})"
+                )
+        elif kind == "event":
+            batch = [data]
+        else:
+            continue
+        for event in batch:
+            seq = event.get("seq", 0)
+            if isinstance(seq, int) and seq > printed:
+                _print_event(event, json_=json_)
+                printed = seq
+
+
+def _print_event(event: dict[str, Any], *, json_: bool) -> None:
+    if json_:
+        sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.text import Text
+
+    line = Text.assemble(
+        (fmt.clock_time(event.get("ts")), "dim"),
+        "  ",
+        cell(event.get("layer")),
+        "  ",
+        cell(event.get("key")),
+        "  ",
+        state_cell(str(event.get("from") or "")),
+        " → ",
+        state_cell(str(event.get("to") or "")),
+        "  ",
+        cell(event.get("reason"), "dim"),
+    )
+    console().print(line)
+    sys.stdout.flush()
+
+
+def _events_view(listed: list[dict[str, Any]]) -> RenderableType:
+    t = table("time", "layer", "key", "from", "to", "reason", keep=3)
+    for event in listed:
+        t.add_row(
+            fmt.clock_time(event.get("ts")),
+            cell(event.get("layer")),
+            cell(event.get("key")),
+            state_cell(str(event.get("from") or "")),
+            state_cell(str(event.get("to") or "")),
+            cell(event.get("reason")),
+        )
+    if not listed:
+        note("no events yet")
     return t

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import time
 
 
@@ -13,3 +14,16 @@ def iso(ms: float | None) -> str | None:
     # 999 ms up into the next second.
     seconds, millis = divmod(int(ms // 1), 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def epoch_ms(text: object) -> float | None:
+    """The inverse of `iso`: `"2026-01-01T00:00:00.000Z"` → `1767225600000.0`; None for null or
+    anything else (an answer from another program, a garbled one)."""
+    if not isinstance(text, str) or len(text) != 24 or text[19] != "." or not text.endswith("Z"):
+        return None
+    try:
+        parsed = time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")
+        millis = int(text[20:23])
+    except ValueError:
+        return None
+    return calendar.timegm(parsed) * 1000.0 + millis

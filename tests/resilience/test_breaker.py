@@ -6,6 +6,8 @@ import asyncio
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.resilience.breaker import (
     DEFAULT_BREAKER_POLICIES,
@@ -18,7 +20,7 @@ from proxy.resilience.breaker import (
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import ProviderClass
-from proxy.resilience.timefmt import iso
+from proxy.resilience.timefmt import epoch_ms, iso
 
 APIKEY = DEFAULT_BREAKER_POLICIES["apikey"]
 START = 1_767_225_600_000.0  # FakeClock's default: 2026-01-01T00:00:00Z
@@ -611,3 +613,16 @@ def test_iso_formats_epoch_ms_as_utc_with_millis() -> None:
     assert iso(START - 1) == "2025-12-31T23:59:59.999Z"
     assert iso(START + 999.9) == "2026-01-01T00:00:00.999Z"
     assert iso(None) is None
+
+
+@given(st.floats(min_value=0, max_value=4e12, allow_nan=False))
+def test_epoch_ms_reads_back_what_iso_wrote(ms: float) -> None:
+    """An attached console and the CLI read the API's instants back: to the millisecond."""
+    assert epoch_ms(iso(ms)) == float(int(ms))
+
+
+@pytest.mark.parametrize(
+    "text", [None, "", "2026-01-01", "2026-01-01T00:00:00Z", "2026-13-01T00:00:00.000Z", 5]
+)
+def test_epoch_ms_refuses_what_iso_never_writes(text: object) -> None:
+    assert epoch_ms(text) is None

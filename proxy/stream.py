@@ -1,0 +1,291 @@
+"""The live stream (`GET /api/stream`, docs/api.md#the-live-stream): the instance's changes as
+server-sent events, for attached consoles and `--follow` scripts.
+
+One `StreamHub` per runtime turns the event bus into numbered messages:
+
+- `snapshot` (first, and whenever a client must start over): the whole read model;
+- `event`: one resilience event, as `GET /api/events` shows it;
+- `state`: the rows the events of the last 250 ms changed (breakers, connections, lockouts);
+- `settings`: both settings documents after a change;
+- `ping` every 15 s, so that a client (and any proxy between) knows the line is alive.
+
+Costs, since this runs beside the request path:
+
+- With no client attached the hub only notes which rows changed and, 250 ms later, puts one
+  `state` message in the buffer; nothing is serialised. A message is encoded the first time a
+  client needs it, once for all of them. (A `state` message is built then too, from the rows as
+  they are at that moment: rows are whole, so a newer row is never wrong, only earlier news.)
+- Each client has its own bounded queue. A client that stops reading never slows the proxy or
+  the other clients: past `CLIENT_QUEUE` messages its queue is dropped and it is sent a fresh
+  `snapshot` when it reads again, which says everything the dropped messages said.
+
+Ids are `<instance>-<seq>`: `seq` counts every message of this process, `instance` tells this
+process from the one before a restart. A client that reconnects with `Last-Event-ID` is sent what
+it missed while it is still in the buffer (the last `BUFFER` messages) and a fresh `snapshot`
+otherwise, or when the id is another instance's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from proxy import untrusted
+from proxy.engine import Engine
+from proxy.resilience.events import Event, EventBus
+from proxy.settings import Settings
+
+__all__ = ["BUFFER", "CLIENT_QUEUE", "COALESCE_S", "PING_S", "SNAPSHOT_EVENTS", "StreamHub"]
+
+BUFFER = 10_000
+"""Messages kept for clients that reconnect with `Last-Event-ID`."""
+CLIENT_QUEUE = 2_000
+"""Messages one client may have waiting before it is sent a snapshot instead."""
+COALESCE_S = 0.25
+"""Changed rows are gathered this long into one `state` message."""
+PING_S = 15.0
+SNAPSHOT_EVENTS = 200
+"""Recent events in a snapshot."""
+SNAPSHOT_REUSE_S = 0.5
+
+Payload = Callable[[], Any]
+
+
+class Message:
+    """One numbered SSE message; its bytes are made on first use and shared by every client."""
+
+    __slots__ = ("_payload", "_wire", "kind", "seq")
+
+    def __init__(self, seq: int, kind: str, payload: Payload) -> None:
+        self.seq = seq
+        self.kind = kind
+        self._payload: Payload | None = payload
+        self._wire: bytes | None = None
+
+    def wire(self, instance: str) -> bytes:
+        if self._wire is None:
+            assert self._payload is not None
+            data = untrusted.dumps(self._payload())  # one line: JSON escapes every line break
+            self._wire = b"id: %s-%d\nevent: %s\ndata: %s\n\n" % (
+                instance.encode(),
+                self.seq,
+                self.kind.encode(),
+                data,
+            )
+            self._payload = None  # the bytes are all a later client needs
+        return self._wire
+
+
+class _Client:
+    __slots__ = ("queue", "stale", "wake")
+
+    def __init__(self) -> None:
+        self.queue: deque[Message] = deque()
+        self.stale = False
+        """Its queue overflowed and was dropped: it is owed a snapshot."""
+        self.wake = asyncio.Event()
+
+
+class StreamHub:
+    def __init__(self, engine: Engine, bus: EventBus, settings: Settings, version: str) -> None:
+        self._engine = engine
+        self._bus = bus
+        self._settings = settings
+        self._version = version
+        self.instance = secrets.token_hex(4)
+        self._seq = 0
+        self._buffer: deque[Message] = deque(maxlen=BUFFER)
+        self._clients: set[_Client] = set()
+        self._closed = False
+        # Rows changed since the last `state` message, and whether a flush is due.
+        self._breakers: set[str] = set()
+        self._connections: set[str] = set()
+        self._lockouts: set[tuple[str, str, str]] = set()
+        self._flush_due: asyncio.TimerHandle | None = None
+        self._snapshot: tuple[Message, float] | None = None
+        self._unsubscribe = bus.subscribe(self._on_event)
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    @property
+    def last_id(self) -> str:
+        return f"{self.instance}-{self._seq}"
+
+    # -- from the bus ----------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        self._publish("event", event.to_dict)
+        layer = event.layer
+        if layer == "breaker":
+            self._breakers.add(event.key)
+        elif layer == "connection":
+            self._connections.add(event.key)
+        elif layer == "lockout":
+            provider, connection_id, model = event.key.split(":", 2)  # a model name may hold ":"
+            self._lockouts.add((provider, connection_id, model))
+        elif layer == "settings":
+            self._publish("settings", self._settings_documents)
+            return
+        else:
+            return
+        if self._flush_due is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # published outside the server's loop (start-up, tools): no delay
+                self.flush()
+            else:
+                self._flush_due = loop.call_later(COALESCE_S, self.flush)
+
+    def flush(self) -> None:
+        """Put the rows changed since the last flush in one `state` message."""
+        self._flush_due = None
+        if not (self._breakers or self._connections or self._lockouts):
+            return
+        breakers, connections, lockouts = self._breakers, self._connections, self._lockouts
+        self._breakers, self._connections, self._lockouts = set(), set(), set()
+        self._publish("state", lambda: self._state(breakers, connections, lockouts))
+
+    def _publish(self, kind: str, payload: Payload) -> None:
+        self._seq += 1
+        message = Message(self._seq, kind, payload)
+        self._buffer.append(message)
+        for client in self._clients:
+            if client.stale:
+                continue
+            if len(client.queue) >= CLIENT_QUEUE:
+                client.queue.clear()  # the snapshot it is owed says all of it
+                client.stale = True
+            else:
+                client.queue.append(message)
+            client.wake.set()
+
+    # -- payloads ----------------------------------------------------------------------------------
+
+    def _settings_documents(self) -> dict[str, Any]:
+        return {
+            "resilience": self._settings.document("resilience"),
+            "settings": self._settings.document("settings"),
+        }
+
+    def _state(
+        self, breakers: set[str], connections: set[str], lockouts: set[tuple[str, str, str]]
+    ) -> dict[str, Any]:
+        engine = self._engine
+        now = engine.clock.now()
+        upsert: list[dict[str, object]] = []
+        remove: list[dict[str, str]] = []
+        for provider, connection_id, model in sorted(lockouts):
+            entry = engine.lockouts.get(provider, connection_id, model)
+            if entry is not None and entry.remaining_ms(now) > 0:
+                upsert.append(entry.to_api(now))
+            else:
+                remove.append({"provider": provider, "connectionId": connection_id, "model": model})
+        return {
+            "breakers": [
+                engine.providers[p].breaker.to_api(now) for p in sorted(breakers) if p in engine.providers
+            ],
+            "connections": [
+                engine.connection_api(engine.connections[c], now)
+                for c in sorted(connections)
+                if c in engine.connections
+            ],
+            "lockouts": {"upsert": upsert, "remove": remove},
+        }
+
+    def snapshot_data(self) -> dict[str, Any]:
+        """The whole read model now, as a `snapshot` message carries it."""
+        engine = self._engine
+        events = self._bus.after(0)[-SNAPSHOT_EVENTS:]
+        return {
+            "health": engine.health_api(self._version),
+            "connections": engine.connections_api(),
+            "lockouts": engine.lockouts_api(),
+            "settings": self._settings_documents(),
+            "events": [e.to_dict() for e in events],
+        }
+
+    def snapshot(self) -> Message:
+        """A `snapshot` message, numbered with the last message it already accounts for.
+
+        Clients that connect together (a restarted instance's consoles coming back, a fleet of
+        `--follow` scripts) share one: it is reused while nothing happened and it is under
+        `SNAPSHOT_REUSE_S` old (only its countdowns would differ)."""
+        cached = self._snapshot
+        now = time.monotonic()
+        if cached is not None and cached[0].seq == self._seq and now - cached[1] < SNAPSHOT_REUSE_S:
+            return cached[0]
+        payload = self.snapshot_data()
+        message = Message(self._seq, "snapshot", lambda: payload)
+        self._snapshot = (message, now)
+        return message
+
+    # -- to a client -------------------------------------------------------------------------------
+
+    def _missed(self, last_event_id: str | None) -> list[Message] | None:
+        """What a client that last saw `last_event_id` missed; None when a snapshot must say it."""
+        if not last_event_id:
+            return None
+        instance, _, seq_text = last_event_id.strip().partition("-")
+        if (
+            instance != self.instance
+            or not (seq_text.isascii() and seq_text.isdecimal())
+            or len(seq_text) > 18
+        ):
+            return None
+        seq = int(seq_text)
+        if seq > self._seq:
+            return None
+        oldest = self._buffer[0].seq if self._buffer else self._seq + 1
+        if seq + 1 < oldest:  # some of what it missed has left the buffer
+            return None
+        missed = [m for m in self._buffer if m.seq > seq] if seq < self._seq else []
+        return missed if len(missed) <= CLIENT_QUEUE else None
+
+    async def messages(self, last_event_id: str | None = None) -> AsyncIterator[bytes]:
+        """One client's stream: what it missed (or a snapshot), then every message as it comes.
+
+        Ends when the hub closes (the server is stopping); the caller cancels it when the client
+        goes. Registration and the catch-up are computed in one step, so no message falls between."""
+        client = _Client()
+        missed = self._missed(last_event_id)
+        if missed is None:
+            client.stale = True
+        else:
+            client.queue.extend(missed)
+        self._clients.add(client)
+        instance = self.instance
+        try:
+            yield b"retry: 500\n\n"
+            while not self._closed:
+                if client.stale:
+                    client.stale = False
+                    client.queue.clear()
+                    yield self.snapshot().wire(instance)
+                while client.queue and not client.stale:
+                    yield client.queue.popleft().wire(instance)
+                if client.stale or self._closed:
+                    continue
+                client.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.wake.wait(), PING_S)
+                    continue
+                yield b"id: %s-%d\nevent: ping\ndata: {}\n\n" % (instance.encode(), self._seq)
+        finally:
+            self._clients.discard(client)
+
+    def close(self) -> None:
+        """End every client's stream (the server is stopping: open streams must not hold it up)."""
+        self._closed = True
+        if self._flush_due is not None:
+            self._flush_due.cancel()
+            self._flush_due = None
+        self._unsubscribe()
+        for client in self._clients:
+            client.wake.set()

@@ -1,0 +1,114 @@
+"""`omniroute events`: the recent changes, and `--follow` on the live stream of a running instance."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from tests.cli.conftest import Instance
+from tests.integration.test_proxy import wait_until
+from tests.processes import OMNIROUTE, environment
+
+
+def act(proxy: Instance, provider: str = "alpha") -> None:
+    """An operator action over the API: one `operator` event."""
+    response = httpx.post(proxy.url + "/api/resilience/reset", json={"provider": provider}, timeout=10)
+    assert response.status_code == 200
+
+
+def test_events_json_is_the_api_list_and_the_table_says_each_change(proxy: Instance) -> None:
+    act(proxy)
+    act(proxy, "beta")
+    result = proxy.cli("events", "--json")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout) == proxy.api("/api/events")["events"]
+    table = proxy.cli("events")
+    assert table.code == 0, table.stderr
+    assert "reset breaker alpha" in table.stdout and "reset breaker beta" in table.stdout
+    assert "operator" in table.stdout
+
+
+class Follower:
+    """`omniroute events --follow` as a real process; its stdout lines arrive on a queue."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", OMNIROUTE, "events", "--follow", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(),
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def line(self, timeout: float = 20.0) -> str:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line within {timeout} s") from None
+
+
+@contextmanager
+def following(proxy: Instance, *args: str) -> Iterator[Follower]:
+    follower = Follower(*args, "--url", proxy.url)
+    try:
+        yield follower
+    finally:
+        if follower.proc.poll() is None:
+            follower.proc.kill()
+        follower.proc.wait(10)
+        follower.reader.join(10)
+        for pipe in (follower.proc.stdout, follower.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_follow_prints_what_happened_then_each_change_as_a_json_line(proxy: Instance) -> None:
+    act(proxy)
+    with following(proxy, "--json") as follower:
+        first = json.loads(follower.line())
+        assert (first["layer"], first["key"]) == ("operator", "reset breaker alpha")
+        act(proxy, "beta")
+        second = json.loads(follower.line())
+        assert (second["layer"], second["key"]) == ("operator", "reset breaker beta")
+        assert second["seq"] == first["seq"] + 1
+        assert follower.lines.empty()  # each once: the snapshot's events are not printed again
+
+        proxy.server.stop()  # the instance goes: following ends, and says so
+        assert follower.proc.wait(20) == 3
+        assert follower.proc.stderr is not None
+        assert "stream" in follower.proc.stderr.read()
+
+
+def test_follow_writes_untrusted_text_as_plain_text(proxy: Instance) -> None:
+    """A provider name is the operator's, but a reason may quote an upstream: the human lines pass
+    every field through the same filter as the tables (no escape sequence reaches the terminal)."""
+    bus = proxy.runtime.bus
+    from proxy.resilience.events import Event
+
+    with following(proxy) as follower:
+        wait_until(lambda: proxy.runtime.stream.clients == 1, what="the follower to attach")
+        loop = proxy.server._loop
+        assert loop is not None
+        loop.call_soon_threadsafe(
+            bus.publish,
+            Event(0.0, "connection", "alpha-1", "active", "cooling", "503: \x1b[2J[red]boom[/red]"),
+        )
+        line = follower.line()
+        assert "\x1b[2J" not in line
+        assert "[red]boom[/red]" in line  # shown as written, never read as markup
+        assert "cooling" in line
