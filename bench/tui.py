@@ -14,6 +14,12 @@
     the clock moved one second (so every countdown on screen changes). Bar: <= 50 ms.
 (c) Resident memory: of the console process in (a) (peak) and of the 10,000-lockout process in
     (b). Bar: <= 200 MB.
+(d) Attached observers: the headless proxy's p99 with one console attached over the live stream
+    (`omniroute tui --url`, its own process, on CPU 1) and with ten `--follow` clients of which one
+    never reads (9 `omniroute events -f` processes and a socket that is never read), against the
+    headless proxy alone. Bars: <= 1.05x and <= 1.10x. The attached console toggles a connection
+    once a second (so the stream carries events and rows) and reports how long each change took
+    to reach its mirror; bar: <= 0.5 s.
 
 Read the ratios, not the times: the machine is shared and noisy. Needs nginx and wrk.
 Exits 0 when everything ran (whether or not a bar is met), 1 when something could not run.
@@ -46,7 +52,17 @@ PROVIDERS = 20
 CONNECTIONS_PER_PROVIDER = 10  # 200 connections
 DEMO_LOCKOUTS = 1_000
 TICK_LOCKOUTS = 10_000
-BARS = {"p99_ratio": 1.3, "tick_ms": 50.0, "rss_mb": 200.0}
+BARS = {
+    "p99_ratio": 1.3,
+    "tick_ms": 50.0,
+    "rss_mb": 200.0,
+    "attached": 1.05,
+    "followers": 1.10,
+    "change_s": 0.5,
+}
+OBSERVED = ("attached", "followers")
+"""Modes that run the headless proxy with observers attached from other processes."""
+FOLLOWERS = 10
 
 NGINX_CONF = """
 worker_processes 1;
@@ -356,9 +372,99 @@ def wrk(port: int, seconds: int) -> dict[str, float]:
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
+def start_observers(
+    mode: str, port: int, tmp: Path
+) -> tuple[list[subprocess.Popen[bytes]], list[socket.socket]]:
+    """(d): the attached console, or the followers (one of them a socket that never reads)."""
+    url = f"http://127.0.0.1:{port}"
+    if mode == "attached":
+        out = open(tmp / f"observer-{port}.log", "wb")  # noqa: SIM115  closed with the process
+        return [
+            subprocess.Popen(
+                pinned(1, [sys.executable, __file__, "--observe", url]),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        ], []
+    command = [
+        sys.executable,
+        "-c",
+        "from omniroute_tui.cli import main; main()",
+        "events",
+        "-f",
+        "--json",
+        "--url",
+        url,
+    ]
+    followers = [
+        subprocess.Popen(pinned(1, command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        for _ in range(FOLLOWERS - 1)
+    ]
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(("127.0.0.1", port))
+    stalled.sendall(f"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    # The measure is of followers that follow, not of their start (a snapshot each): wait for them.
+    deadline = time.monotonic() + 60
+    while established(port) < FOLLOWERS:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {established(port)} of {FOLLOWERS} followers connected")
+        time.sleep(0.1)
+    return followers, [stalled]
+
+
+def established(port: int) -> int:
+    """TCP connections established to `port` on this machine (the proxy's side of each)."""
+    out = subprocess.run(
+        ["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return len(out.stdout.splitlines())
+
+
+async def observe(url: str) -> None:
+    """The attached console of (d), headless: toggles a connection once a second over the API and
+    times each change until its own mirror shows it; prints CHANGES on SIGTERM."""
+    import httpx
+
+    from omniroute_tui.app import OmniRouteApp
+    from omniroute_tui.remote import Remote
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    took: list[float] = []
+    app = OmniRouteApp(remote=Remote(url, None))
+    async with app.run_test(size=(120, 40)), httpx.AsyncClient(base_url=url, timeout=10) as client:
+        remote = app.remote
+        assert remote is not None
+        while not (remote.connected and remote.mirror.ready):
+            await asyncio.sleep(0.01)
+        target = (await client.get("/api/resilience/connections")).json()["connections"][-1]["id"]
+        enabled = True
+        while not stop.is_set():
+            enabled = not enabled
+            started = time.perf_counter()
+            await client.put(f"/api/providers/{target}", json={"isActive": enabled})
+            while (
+                row := remote.mirror.connection(target, remote.mirror.now())
+            ) is None or row.enabled != enabled:
+                await asyncio.sleep(0.002)
+            took.append(time.perf_counter() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+    if took:
+        print(
+            f"CHANGES n={len(took)} median_s={statistics.median(took):.3f} max_s={max(took):.3f}", flush=True
+        )
+
+
 def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dict[str, Any]:
     port = free_port()
     log = tmp / f"{mode}-{tab}-{port}.log"
+    served = "headless-frozen" if mode in OBSERVED else mode
     with open(log, "wb") as out:
         child = subprocess.Popen(
             pinned(
@@ -367,7 +473,7 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
                     sys.executable,
                     __file__,
                     "--serve",
-                    mode,
+                    served,
                     "--port",
                     str(port),
                     "--upstream",
@@ -380,14 +486,27 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+    observers: list[subprocess.Popen[bytes]] = []
+    sockets: list[socket.socket] = []
     try:
         if not wait_port(port):
             raise RuntimeError(f"{mode} did not start: {log.read_text()[-500:]}")
+        if mode in OBSERVED:
+            observers, sockets = start_observers(mode, port, tmp)
         wrk(port, 3)  # warm-up: connections, the upstream client pool, the console's first draws
         child.send_signal(signal.SIGUSR1)
         result: dict[str, Any] = wrk(port, seconds)
         result["rss_mb"] = rss_mb(child.pid, "VmHWM")
     finally:
+        for observer in observers:
+            observer.send_signal(signal.SIGTERM)
+        for observer in observers:
+            try:
+                observer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                observer.kill()
+        for sock in sockets:
+            sock.close()
         child.send_signal(signal.SIGTERM)
         try:
             child.wait(timeout=30)
@@ -398,13 +517,19 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
         if found:
             prefix = "tick_" if name == "TICKS" else ""
             result.update({prefix + k: float(v) for k, v in (kv.split("=") for kv in found.group(1).split())})
+    observed = tmp / f"observer-{port}.log"
+    if observed.exists():
+        found = re.search(r"CHANGES (.*)", observed.read_text())
+        if found is None:
+            raise RuntimeError(f"the attached console reported nothing: {observed.read_text()[-500:]}")
+        result.update({"change_" + k: float(v) for k, v in (kv.split("=") for kv in found.group(1).split())})
     if result.get("errors") or result.get("non2xx"):
         print(f"  note: {mode} had {result['errors']:.0f} socket errors, {result['non2xx']:.0f} non-2xx")
     return result
 
 
 def latency_bench(
-    seconds: int, rounds: int, tabs: list[str], *, unfrozen: bool
+    seconds: int, rounds: int, tabs: list[str], *, unfrozen: bool, observed: list[str]
 ) -> dict[str, list[dict[str, Any]]]:
     if not (shutil.which("nginx") and shutil.which("wrk")):
         raise RuntimeError("needs nginx and wrk (apt-get install -y nginx wrk)")
@@ -427,13 +552,14 @@ def latency_bench(
                 *([("headless", "-")] if unfrozen else []),
                 ("headless-frozen", "-"),
                 *(("console", t) for t in tabs),
+                *((m, "-") for m in observed),
             ]
             for r in range(rounds):
                 # Many short rounds, each in a rotated order: the machine's own drift (other
                 # tenants, CPU frequency) moves p99 by more than the console does, and must fall
                 # on every mode alike.
                 for mode, tab in modes[r % len(modes) :] + modes[: r % len(modes)]:
-                    key = mode if mode.startswith("headless") else f"console ({tab} tab)"
+                    key = f"console ({tab} tab)" if mode == "console" else mode
                     result = run_mode(mode, tab, upstream, seconds, tmp)
                     runs.setdefault(key, []).append(result)
                     print(
@@ -462,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         "--unfrozen", action="store_true", help="also measure the headless proxy without gc.freeze()"
     )
     ap.add_argument("--tabs", default="overview,lockouts", help="console tabs to measure, comma separated")
+    ap.add_argument(
+        "--observed",
+        default="attached,followers",
+        help="(d): observer modes to measure, comma separated (attached, followers; empty for none)",
+    )
+    ap.add_argument("--observe", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=20, help="redraw ticks to time")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--serve", choices=["headless", "headless-frozen", "console"], help=argparse.SUPPRESS)
@@ -469,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tab", default="overview", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.observe:
+        asyncio.run(observe(args.observe))
+        return 0
     if args.serve:
         asyncio.run(serve_child(args.serve, args.port, args.upstream, args.tab))
         return 0
@@ -495,7 +630,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             runs = latency_bench(
-                args.seconds, args.rounds, [t for t in args.tabs.split(",") if t], unfrozen=args.unfrozen
+                args.seconds,
+                args.rounds,
+                [t for t in args.tabs.split(",") if t],
+                unfrozen=args.unfrozen,
+                observed=[m for m in args.observed.split(",") if m],
             )
         except RuntimeError as exc:
             print(f"  could not run: {exc}")
@@ -517,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
             plain = statistics.median(r["p99_ms"] for r in runs["headless"])
             print(f"  headless p99 without gc.freeze() (for scale): median {plain:.2f} ms")
         for key, results in runs.items():
-            if key.startswith("headless"):
+            if key.startswith("headless") or key in OBSERVED:
                 continue
             p99s = [r["p99_ms"] for r in results]
             p99 = statistics.median(p99s)
@@ -526,6 +665,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"  (a) p99 {key}: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}) = "
                 f"{p99 / frozen:.2f}x headless (bar <= {bar}x): {verdict(p99 / frozen <= bar)}; "
                 f"live tick median {ticks:.1f} ms"
+            )
+    for key in OBSERVED:
+        if key not in runs:
+            continue
+        p99s = [r["p99_ms"] for r in runs[key]]
+        p99 = statistics.median(p99s)
+        ratio = p99 / frozen
+        what = "one attached console" if key == "attached" else f"{FOLLOWERS} followers, one never reading"
+        print(
+            f"  (d) p99 with {what}: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}) = {ratio:.2f}x "
+            f"headless (bar <= {BARS[key]}x): {verdict(ratio <= BARS[key])}"
+        )
+        if key == "attached":
+            medians = [r["change_median_s"] for r in runs[key]]
+            worst = max(r["change_max_s"] for r in runs[key])
+            change = statistics.median(medians)
+            print(
+                f"  (d) a change reaches the attached console in {change:.3f} s median, {worst:.3f} s worst of "
+                f"{sum(int(r['change_n']) for r in runs[key])} (bar <= {BARS['change_s']} s): "
+                f"{verdict(worst <= BARS['change_s'])}"
             )
     print(
         f"  (b) redraw tick with {TICK_LOCKOUTS:,} lockouts (build + apply + repaint): {tick['tick_ms']:.1f} ms median "

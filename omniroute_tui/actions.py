@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from proxy.readmodel import ConnectionView, ReadModel
+from proxy.readmodel import ConnectionView, Observed
 
 Table = Literal["breakers", "connections", "lockouts"]
 Verb = Literal["reset", "toggle"]
@@ -96,7 +96,7 @@ class Result:
         return f"{self.commands[0]} … and {len(self.commands) - 1} more"
 
 
-def apply(read: ReadModel, engine: Operator, action: Action) -> Result:
+def apply(read: Observed, engine: Operator, action: Action) -> Result:
     """Run the action through the engine's commands (the ones the management API runs), reading what
     each target was through the read model; KeyError when a target vanished (a row can outlive its
     entry by one tick)."""
@@ -164,7 +164,7 @@ def apply(read: ReadModel, engine: Operator, action: Action) -> Result:
     return Result(tuple(commands), changed, tuple(said))
 
 
-def _connection(read: ReadModel, connection_id: str, now: float) -> ConnectionView:
+def _connection(read: Observed, connection_id: str, now: float) -> ConnectionView:
     found = read.connection(connection_id, now)
     if found is None:
         raise KeyError(connection_id)

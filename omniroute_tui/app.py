@@ -1,4 +1,4 @@
-"""`omniroute tui`: the proxy and its operator console in one process (docs/console.md).
+"""`omniroute tui`: the operator console, hosting its own proxy or attached to one (docs/console.md).
 
 The app wires the parts and routes messages; it holds no business logic. `Feed` reads the engine
 and posts `SnapshotReady`; the app hands each part down to its widget. Widgets post
@@ -25,9 +25,11 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from omniroute_tui import actions, untrusted
+from omniroute_tui.cards.card import RuntimeSettings, SettingsSource
 from omniroute_tui.feed import Feed, FeedLogHandler, captured_logging
 from omniroute_tui.host import ProxyHost
 from omniroute_tui.messages import SnapshotReady, TerminalGone
+from omniroute_tui.remote import Remote
 from omniroute_tui.screens.confirm import ConfirmScreen
 from omniroute_tui.screens.filter import FilterScreen
 from omniroute_tui.screens.help import ConsoleCommands, HelpScreen
@@ -43,6 +45,7 @@ from omniroute_tui.widgets.tables import (
     ResourceTable,
 )
 from proxy import serve
+from proxy.readmodel import Observed
 from proxy.runtime import Runtime
 from proxy.signals import StopSignals
 
@@ -74,28 +77,48 @@ class OmniRouteApp(App[int]):
         Binding("p", "pause", "Pause", tooltip="Pause or resume live updates", id="pause"),
         Binding("question_mark", "help", "Help", tooltip="List every key", id="help"),
         Binding("q", "quit", "Quit", tooltip="Stop the proxy and leave", id="quit"),
-        Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="quit-ctrl-c"),
+        Binding("ctrl+c", "stop", "Quit", show=False, priority=True, id="quit-ctrl-c"),
     ]
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Runtime | None = None,
         *,
+        remote: Remote | None = None,
         read_only: bool = False,
         serve_sock: socket.socket | None = None,
         live: bool = True,
         ascii_only: bool = False,
     ) -> None:
+        """Either `runtime` (the instance in this process; served on `serve_sock` if given) or
+        `remote` (an instance elsewhere, attached over its API and live stream)."""
         self.ascii_only = ascii_only  # before App.__init__, which asks get_driver_class
         """Every character leaves through a driver that writes ASCII look-alikes."""
         super().__init__()
         untrusted.use_ascii(ascii_only)
         self.runtime = runtime
+        self.remote = remote
         self.read_only = read_only
-        self.host = ProxyHost(runtime, serve_sock, demo=runtime.demo) if serve_sock is not None else None
-        server = runtime.config.server
-        base = self.host.base_url if self.host else f"http://{server.host}:{server.port}"
-        self.feed = Feed(self, runtime.read, url=f"{base}/v1", read_only=read_only, live=live)
+        self.read: Observed
+        self.operator: actions.Operator
+        self.settings_source: SettingsSource
+        if runtime is not None:
+            self.read, self.operator, self.settings_source = (
+                runtime.read,
+                runtime.engine,
+                RuntimeSettings(runtime),
+            )
+            self.host = ProxyHost(runtime, serve_sock, demo=runtime.demo) if serve_sock is not None else None
+            server = runtime.config.server
+            base = self.host.base_url if self.host else f"http://{server.host}:{server.port}"
+            url = f"{base}/v1"
+        elif remote is not None:
+            self.read, self.operator, self.settings_source = remote.mirror, remote.operator, remote.settings
+            self.host = None
+            url = remote.status
+        else:
+            raise ValueError("the console needs a runtime to host or a remote instance to attach to")
+        self.feed = Feed(self, self.read, url=url, read_only=read_only, live=live)
         self._cleanup = ExitStack()
         self._quitting = False
         self._visited: set[str] = {"overview"}
@@ -140,8 +163,12 @@ class OmniRouteApp(App[int]):
         self._cleanup.enter_context(captured_logging(FeedLogHandler(self.feed)))
         self.feed.held = lambda: len(self.screen_stack) > 1
         self.feed.start()
-        for warning in self.runtime.warnings:
+        for warning in self.runtime.warnings if self.runtime is not None else ():
             log.warning("%s", warning)
+        if self.remote is not None:
+            self.remote.on_change = self._remote_changed
+            self.remote.on_status = self._remote_status
+            self.remote.start()
         if self.host is not None:
             self.run_worker(self.host.start(), name="proxy server", group="server", exit_on_error=False)
             self.call_after_refresh(self._settle_heap)
@@ -154,19 +181,66 @@ class OmniRouteApp(App[int]):
             gc.collect()
             gc.freeze()
 
+    def _remote_changed(self, kind: str) -> None:
+        if kind == "snapshot":
+            self.feed.reload()  # it may say what no event did (it came back after a gap)
+        elif kind in ("state", "settings"):
+            self.feed.request()  # at once, not at the next tick: the rows are already 250 ms late
+
+    def _remote_status(self, text: str) -> None:
+        self.feed.url = text
+        self.feed.request()
+
     async def on_unmount(self) -> None:
         if self.host is not None:
             gc.unfreeze()
+        if self.remote is not None:
+            await self.remote.stop()
         self.feed.stop()
         if self.host is not None:
             await self.host.stop()
         self._cleanup.close()
 
     async def action_quit(self) -> None:
+        """`q`: hosting, ask first when quitting would cut requests in flight or drop a settings
+        draft (ctrl+c and signals never ask)."""
+        question = self.quit_question()
+        if question is None:
+            self.stop()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.stop()
+
+        self.push_screen(ConfirmScreen(question), answered)
+
+    def action_stop(self) -> None:
         self.stop()
+
+    def quit_question(self) -> str | None:
+        """What quitting would lose, as a question; None when it loses nothing."""
+        losses = []
+        if self.runtime is not None:  # attached, requests in flight are the instance's, and go on
+            in_flight = self.read.traffic().in_flight
+            if in_flight:
+                losses.append(f"{in_flight} request{'s' if in_flight != 1 else ''} in flight")
+        if self.query("SettingsCard"):
+            from omniroute_tui.cards.card import SettingsCard
+
+            drafts = [card.spec.title for card in self.query(SettingsCard) if card.dirty]
+            if drafts:
+                losses.append(f"unsaved settings ({', '.join(drafts)})")
+        if not losses:
+            return None
+        what = " and ".join(losses)
+        return (
+            f"{what[0].upper()}{what[1:]}: quit{' and stop the proxy' if self.runtime is not None else ''}?"
+        )
 
     def stop(self) -> None:
         """Stop the proxy (in-flight requests get its grace period), then leave with 0; idempotent.
+        Attached, just leave: the instance runs on.
 
         What `q` does, and a stop signal, and a terminal that went away."""
         if self.host is None:
@@ -241,7 +315,7 @@ class OmniRouteApp(App[int]):
             # Mounted on first visit: the cards are hundreds of widgets, and every millisecond
             # spent building them at startup is one the proxy cannot serve.
             self.query_one("#settings-placeholder").remove()
-            self.query_one("#settings", TabPane).mount(settings_pane(self.runtime, self.read_only))
+            self.query_one("#settings", TabPane).mount(settings_pane(self.settings_source, self.read_only))
         self.refresh_bindings()
         self.feed.request()
 
@@ -285,7 +359,9 @@ class OmniRouteApp(App[int]):
 
     @work(exclusive=True, group="actions", exit_on_error=False)
     async def perform(self, action: actions.Action) -> actions.Result:
-        return actions.apply(self.runtime.read, self.runtime.engine, action)
+        if self.remote is not None:  # blocking HTTP: off the UI's loop
+            return await asyncio.to_thread(actions.apply, self.read, self.operator, action)
+        return actions.apply(self.read, self.operator, action)
 
     @on(Worker.StateChanged)
     def _worker_changed(self, event: Worker.StateChanged) -> None:
@@ -439,3 +515,27 @@ async def _run(options: serve.Options, read_only: bool, ascii_only: bool, signal
         finally:
             runtime.store.close()  # idempotent: the lifespan closed it unless the server never started
         return app.return_code or 0
+
+
+def run_attached(url: str, token: str | None, *, read_only: bool = False, ascii_only: bool = False) -> int:
+    """`omniroute tui --url`: the console attached to a running instance; quitting leaves it running.
+
+    The instance must answer first (exit 3 unreachable, 4 token refused, as the CLI); after that a
+    dropped stream is only "reconnecting…" in the status line, until it comes back."""
+    restore = None
+    if sys.platform != "win32":
+        from omniroute_tui.driver import SavedModes
+
+        restore = SavedModes().restore
+
+    async def main(signals: StopSignals) -> int:
+        app = OmniRouteApp(remote=Remote(url, token), read_only=read_only, ascii_only=ascii_only)
+        signals.attach(asyncio.get_running_loop(), lambda sig: app.call_later(app.stop_on_signal, sig))
+        try:
+            await app.run_async()
+        finally:
+            signals.detach()
+        return app.return_code or 0
+
+    with StopSignals(deadline_s=serve.SHUTDOWN_GRACE_S + 1, emergency=restore) as signals:
+        return asyncio.run(main(signals))

@@ -30,7 +30,7 @@ from omniroute_tui import format as fmt
 from omniroute_tui import snapshot as snap
 from omniroute_tui.messages import SnapshotReady
 from omniroute_tui.snapshot import Detail, Entry, Overview, Row, Snapshot, SortKey, TableSnapshot, View
-from proxy.readmodel import Event, LockoutView, ReadModel
+from proxy.readmodel import Event, LockoutView, Observed
 
 TICK_S: Final = 0.5
 WINDOW_MARGIN: Final = 10
@@ -71,7 +71,7 @@ class LockoutIndex:
         self.rows = sorted((row for _, row in pairs), key=_order)
         self._arranged = None
 
-    def update(self, read: ReadModel, keys: Iterable[tuple[str, ...]], now: float) -> None:
+    def update(self, read: Observed, keys: Iterable[tuple[str, ...]], now: float) -> None:
         for provider, connection, model in keys:
             old = self.entries.pop(snap.lockout_key(provider, connection, model), None)
             if old is not None:
@@ -126,7 +126,7 @@ class Feed:
     def __init__(
         self,
         owner: MessagePump,
-        read: ReadModel,
+        read: Observed,
         *,
         url: str,
         read_only: bool = False,
@@ -199,6 +199,12 @@ class Feed:
         if len(pending) >= PENDING_LIMIT:
             self._overflowed = True  # the append drops the oldest item
         pending.append(item)
+
+    def reload(self) -> None:
+        """What is read may have changed without an event saying so (an attached console's stream
+        started over): rebuild the lockout index whole, then redraw."""
+        self._overflowed = True
+        self.request()
 
     def request(self) -> None:
         """Build a snapshot as soon as the owner is idle, even when paused (the operator asked)."""

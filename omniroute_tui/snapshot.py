@@ -25,7 +25,7 @@ from proxy.readmodel import (
     Event,
     LockoutTableStatus,
     LockoutView,
-    ReadModel,
+    Observed,
     TransitionView,
 )
 
@@ -570,7 +570,7 @@ def overview(
 
 
 def header(
-    read: ReadModel,
+    read: Observed,
     now: float,
     *,
     url: str,

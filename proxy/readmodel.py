@@ -12,12 +12,15 @@ console keeps its own index of them, patched from lockout events).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
+from proxy.resilience.breaker import escalated_reset_timeout_ms
 from proxy.resilience.events import Event, EventBus
 from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus
+from proxy.resilience.timefmt import epoch_ms
 
 __all__ = [
     "BreakerView",
@@ -25,9 +28,16 @@ __all__ = [
     "Event",
     "LockoutTableStatus",
     "LockoutView",
+    "Observed",
     "ReadModel",
     "Traffic",
     "TransitionView",
+    "breaker_view",
+    "connection_view",
+    "event_view",
+    "lockout_table_view",
+    "lockout_view",
+    "reset_timeout_ms",
 ]
 
 
@@ -105,6 +115,35 @@ class Traffic:
     ok: int
     failed: int
     in_flight: int
+
+
+class Observed(Protocol):
+    """What an observer reads: `ReadModel` in the instance's own process, or a mirror of one kept
+    from its live stream (the attached console's)."""
+
+    version: str
+
+    def now(self) -> float: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def last_seq(self) -> int: ...
+    def events_after(self, seq: int) -> list[Event]: ...
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]: ...
+    def breakers(self, now: float) -> list[BreakerView]: ...
+    def breaker(self, provider: str, now: float) -> BreakerView | None: ...
+    def breaker_history(self, provider: str) -> tuple[TransitionView, ...]: ...
+    def connections(self, now: float) -> list[ConnectionView]: ...
+    def connection(self, connection_id: str, now: float) -> ConnectionView | None: ...
+    def unwell(self, now: float) -> list[ConnectionView]: ...
+    def open_breakers(self, now: float) -> int: ...
+    def cooling(self, now: float) -> int: ...
+    def traffic(self) -> Traffic: ...
+    def rates(self, now: float, seconds: int) -> list[int]: ...
+    def lockouts(self, now: float) -> list[LockoutView]: ...
+    def lockout(self, provider: str, connection_id: str, model: str) -> LockoutView | None: ...
+    def lockouts_of(self, provider: str, connection_id: str, now: float) -> list[LockoutView]: ...
+    def lockout_table(self) -> LockoutTableStatus: ...
 
 
 class ReadModel:
@@ -259,4 +298,115 @@ def _lockout(entry: LockoutEntry) -> LockoutView:
         locked_at=entry.locked_at,
         expires_at=entry.expires_at,
         last_cooldown_ms=entry.last_cooldown_ms,
+    )
+
+
+# -- the same views, from the management API's JSON (an attached console's stream) ------------------
+#
+# The API says how long is left (`retryAfterMs`, `cooldownRemainingMs`, `remainingMs`) as well as
+# when: the views are built on the reader's clock from the former, so a reader whose clock is not
+# the server's still counts down right.
+
+
+def _int(value: object, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def reset_timeout_ms(settings: Mapping[str, Any], provider_class: str, open_cycles: int) -> float:
+    """The reset timeout a breaker of `provider_class` is in, from the resilience settings document
+    (the API's Breaker shape does not carry it): the engine's own escalation rule."""
+    profile = settings.get("providerBreaker", {}).get(provider_class, {})
+    base = profile.get("resetTimeoutMs") if isinstance(profile, Mapping) else None
+    return escalated_reset_timeout_ms(float(base) if isinstance(base, int | float) else 0.0, open_cycles)
+
+
+def breaker_view(data: Mapping[str, Any], reset_timeout: float) -> BreakerView:
+    return BreakerView(
+        provider=str(data.get("provider", "")),
+        provider_class=str(data.get("class", "")),
+        state=str(data.get("state", "CLOSED")),
+        failures=_int(data.get("failureCount")),
+        degradation_threshold=_int(data.get("degradationThreshold")),
+        failure_threshold=_int(data.get("failureThreshold")),
+        retry_after_ms=float(_int(data.get("retryAfterMs"))),
+        open_cycles=_int(data.get("openCycleCount")),
+        last_failure_at=epoch_ms(data.get("lastFailure")),
+        reset_timeout_ms=reset_timeout,
+    )
+
+
+def connection_view(data: Mapping[str, Any]) -> ConnectionView:
+    code = data.get("errorCode")
+    limit = data.get("maxConcurrent")
+    return ConnectionView(
+        id=str(data.get("id", "")),
+        provider=str(data.get("provider", "")),
+        name=str(data.get("name", "")),
+        status=str(data.get("status", "active")),
+        remaining_ms=float(_int(data.get("cooldownRemainingMs"))),
+        rate_limited_until=epoch_ms(data.get("rateLimitedUntil")),
+        backoff_level=_int(data.get("backoffLevel")),
+        last_error=_text(data.get("lastError")),
+        last_error_type=_text(data.get("lastErrorType")),
+        error_code=code if isinstance(code, int) else None,
+        last_error_at=epoch_ms(data.get("lastErrorAt")),
+        enabled=data.get("enabled") is not False,
+        priority=_int(data.get("priority")),
+        masked_key=_text(data.get("apiKey")),
+        in_flight=_int(data.get("inFlight")),
+        max_concurrent=limit if isinstance(limit, int) else None,
+    )
+
+
+def lockout_view(data: Mapping[str, Any], now: float) -> LockoutView:
+    """`now`: the reader's clock when the row arrived; the lock ends `remainingMs` after it."""
+    expires_at = now + _int(data.get("remainingMs"))
+    locked, expires = epoch_ms(data.get("lockedAt")), epoch_ms(data.get("expiresAt"))
+    length = expires - locked if locked is not None and expires is not None else 0.0
+    status = data.get("status")
+    return LockoutView(
+        provider=str(data.get("provider", "")),
+        connection_id=str(data.get("connectionId", "")),
+        model=str(data.get("model", "")),
+        reason=str(data.get("reason", "")),
+        status=status if isinstance(status, int) else None,
+        failure_count=_int(data.get("failureCount")),
+        locked_at=expires_at - length,
+        expires_at=expires_at,
+        last_cooldown_ms=length,
+    )
+
+
+def lockout_table_view(data: Mapping[str, Any]) -> LockoutTableStatus:
+    return LockoutTableStatus(
+        size=_int(data.get("size")),
+        capacity=_int(data.get("capacity"), 1),
+        not_found=_int(data.get("notFound")),
+        not_found_budget=_int(data.get("notFoundBudget")),
+        evicted=_int(data.get("evicted")),
+        refused=_int(data.get("refused")),
+    )
+
+
+_LAYERS = ("breaker", "connection", "lockout", "settings", "operator")
+
+
+def event_view(data: Mapping[str, Any]) -> Event | None:
+    """An Event from its `to_dict()` form; None when it is not one."""
+    layer = data.get("layer")
+    ts = data.get("ts")
+    if layer not in _LAYERS or not isinstance(ts, int | float):
+        return None
+    return Event(
+        ts=float(ts),
+        layer=layer,
+        key=str(data.get("key", "")),
+        from_=str(data.get("from", "")),
+        to=str(data.get("to", "")),
+        reason=str(data.get("reason", "")),
+        seq=_int(data.get("seq")),
     )

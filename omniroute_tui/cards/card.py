@@ -11,8 +11,8 @@ Fields changed elsewhere since the draft began are named in the status line unti
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rich.text import Text
 from textual import events, on, work
@@ -31,9 +31,39 @@ from proxy.resilience.outcome import PROVIDER_CLASSES
 from proxy.settings import defaults, said
 
 if TYPE_CHECKING:
+    from proxy.readmodel import Event
     from proxy.runtime import Runtime
 
-__all__ = ["READ_ONLY_NOTE", "SettingsCard"]
+__all__ = ["READ_ONLY_NOTE", "RuntimeSettings", "SettingsCard", "SettingsSource"]
+
+
+class SettingsSource(Protocol):
+    """Where the cards read and write the settings: the hosted runtime, or an instance's API."""
+
+    def document(self, group: str) -> dict[str, Any]: ...
+
+    async def patch(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
+        """The group's document once the change is saved and live; SettingsError for bad fields."""
+        ...
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]: ...
+
+
+class RuntimeSettings:
+    """The hosted console's settings: the runtime's own, in-process."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def document(self, group: str) -> dict[str, Any]:
+        return self._runtime.settings.document(group)
+
+    async def patch(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
+        return await self._runtime.patch_settings(patch, group)
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        return self._runtime.bus.subscribe(listener)
+
 
 READ_ONLY_NOTE = (
     "Read-only: the console was started with --read-only, so settings can be viewed, not changed."
@@ -83,11 +113,11 @@ class SettingsCard(Vertical):
         def control(self) -> SettingsCard:
             return self.card
 
-    def __init__(self, spec: CardSpec, runtime: Runtime, *, read_only: bool = False) -> None:
+    def __init__(self, spec: CardSpec, source: SettingsSource, *, read_only: bool = False) -> None:
         super().__init__(id=f"card-{spec.id}")
         self.spec = spec
         self.read_only = read_only
-        self._runtime = runtime
+        self._source = source
         self.live: dict[str, object] = self._read_live()
         """The runtime's values as last read, by dotted path."""
         self.base: dict[str, object] = dict(self.live)
@@ -165,7 +195,7 @@ class SettingsCard(Vertical):
         return [path for path, value in self.live.items() if value != self.base[path]]
 
     def _read_live(self) -> dict[str, object]:
-        document = self._runtime.settings.document(self.spec.group)
+        document = self._source.document(self.spec.group)
         return {spec.path: get_path(document, spec.path) for spec in self.spec.specs()}
 
     def load(self, values: Mapping[str, object]) -> None:
@@ -288,7 +318,7 @@ class SettingsCard(Vertical):
     async def save(self, patch: dict[str, Any]) -> None:
         """Apply `patch` to the card's group and persist it; field errors show on their fields."""
         try:
-            document = await self._runtime.patch_settings(patch, self.spec.group)
+            document = await self._source.patch(patch, self.spec.group)
         except SettingsError as exc:
             self._show_errors(exc.fields)
             return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -12,12 +11,9 @@ from textual.events import Resize
 from textual.message import Message
 from textual.widgets import Static
 
-from omniroute_tui.cards.card import READ_ONLY_NOTE, SettingsCard
+from omniroute_tui.cards.card import READ_ONLY_NOTE, SettingsCard, SettingsSource
 from omniroute_tui.cards.catalog import CARDS
 from proxy.readmodel import Event
-
-if TYPE_CHECKING:
-    from proxy.runtime import Runtime
 
 __all__ = ["CARD_MIN_WIDTH", "SettingsPane"]
 
@@ -26,8 +22,8 @@ CARD_MIN_WIDTH = 80
 
 
 class SettingsPane(VerticalScroll):
-    """The cards of docs/console.md#the-settings-tab. It reads and patches `runtime.settings`, and follows
-    its events."""
+    """The cards of docs/console.md#the-settings-tab. It reads and patches the settings of its
+    source (the hosted runtime, or an attached instance), and follows their events."""
 
     DEFAULT_CSS = """
     SettingsPane {
@@ -48,7 +44,7 @@ class SettingsPane(VerticalScroll):
 
     def __init__(
         self,
-        runtime: Runtime,
+        source: SettingsSource,
         *,
         read_only: bool = False,
         name: str | None = None,
@@ -56,7 +52,7 @@ class SettingsPane(VerticalScroll):
         classes: str | None = None,
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
-        self.runtime = runtime
+        self.source = source
         self.read_only = read_only
         # The fields take focus (and scroll into view); the pane itself only when read-only, where it is
         # the one thing left to scroll with the keyboard. A focused pane also makes every blur restyle
@@ -70,7 +66,7 @@ class SettingsPane(VerticalScroll):
             yield Static(READ_ONLY_NOTE, classes="read-only-banner")
         with Container(id="settings-cards"):
             for spec in CARDS:
-                yield SettingsCard(spec, self.runtime, read_only=self.read_only)
+                yield SettingsCard(spec, self.source, read_only=self.read_only)
 
     @property
     def cards(self) -> list[SettingsCard]:
@@ -81,7 +77,7 @@ class SettingsPane(VerticalScroll):
         return self.query_one(f"#card-{card_id}", SettingsCard)
 
     def on_mount(self) -> None:
-        self._unsubscribe = self.runtime.bus.subscribe(self._on_event)
+        self._unsubscribe = self.source.subscribe(self._on_event)
 
     def on_unmount(self) -> None:
         if self._unsubscribe is not None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import os
 import sys
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from omniroute_tui.cli.options import ConfigOpt, StateOpt
+if TYPE_CHECKING:
+    from omniroute_tui.cli.client import Target
+
+from omniroute_tui.cli.options import ConfigOpt, StateOpt, TokenOpt
 
 app = typer.Typer()
 
@@ -127,13 +130,26 @@ def tui(
         ),
     ] = LogLevel.warning,
     log_format: LogFormatOpt = LogFormat.text,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            envvar="OMNIROUTE_URL",
+            help="Attach to the instance running there (omniroute serve or tui) instead of hosting one;"
+            " quitting leaves it running.",
+        ),
+    ] = None,
+    token: TokenOpt = None,
 ) -> None:
-    """Run the proxy and its operator console in one process (quitting stops both).
+    """Run the proxy and its operator console in one process (quitting stops both), or with --url
+    attach the console to an instance that runs without it.
 
     Example: [bold]omniroute tui --demo[/bold] (simulated upstreams: every layer moves within a minute)
     """
     from omniroute_tui import terminal
 
+    # Attached, the instance is checked first: with nothing to attach to, the terminal is moot.
+    target = _reachable(url, token, ignored=(demo, host, port)) if url else None
     problem = terminal.refusal(
         os.environ, ("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr)
     )
@@ -141,6 +157,13 @@ def tui(
         typer.echo(f"omniroute: {problem}", err=True)
         raise typer.Exit(2)
 
+    if target is not None:
+        from omniroute_tui.app import run_attached
+
+        code = run_attached(
+            target.url, target.token, read_only=read_only, ascii_only=terminal.wants_ascii(os.environ)
+        )
+        raise typer.Exit(code)
     _say_what_demo_ignores(demo, config, state)
     from proxy import logs
 
@@ -157,3 +180,17 @@ def tui(
         ascii_only=terminal.wants_ascii(os.environ),
     )
     raise typer.Exit(code)
+
+
+def _reachable(url: str, token: str | None, *, ignored: tuple[object, ...]) -> Target:
+    """`tui --url`: the instance answers and takes the token (else exit 3 or 4, as the CLI)."""
+    from omniroute_tui.cli.client import Api, resolve_target
+
+    if any(ignored):
+        typer.echo(
+            "omniroute: --demo, --host and --port are for hosting; attached, they are ignored", err=True
+        )
+    target = resolve_target(url, token, None)
+    with Api(target) as api:
+        api.get("/api/monitoring/health")
+    return target

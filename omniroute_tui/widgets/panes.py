@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -12,7 +14,9 @@ from omniroute_tui import format as fmt
 from omniroute_tui.snapshot import COLUMNS, Detail, TableSnapshot
 from omniroute_tui.untrusted import visible
 from omniroute_tui.widgets.tables import ResourceTable
-from proxy.runtime import Runtime
+
+if TYPE_CHECKING:
+    from omniroute_tui.cards.card import SettingsSource
 
 
 class DetailPanel(Static):
@@ -81,11 +85,11 @@ def caption(snapshot: TableSnapshot) -> Text:
     return text
 
 
-def settings_pane(runtime: Runtime, read_only: bool) -> Widget:
+def settings_pane(source: SettingsSource, read_only: bool) -> Widget:
     """The Settings tab's cards, or a note when this build has none."""
     try:
         from omniroute_tui.cards import SettingsPane
     except ImportError:
         return Static("Settings cards are not available in this build.", id="settings-missing")
-    pane: Widget = SettingsPane(runtime, read_only=read_only)
+    pane: Widget = SettingsPane(source, read_only=read_only)
     return pane

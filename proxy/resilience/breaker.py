@@ -82,6 +82,13 @@ def _no_emit(event: Event) -> None:
     pass
 
 
+def escalated_reset_timeout_ms(base_ms: float, open_cycles: int) -> float:
+    """The reset timeout after `open_cycles` open cycles: cycles 1-3 use the profile's timeout;
+    each further cycle doubles it, up to ×16."""
+    exponent = min(MAX_TIMEOUT_MULTIPLIER_EXPONENT, max(0, open_cycles - CYCLES_AT_BASE_TIMEOUT))
+    return float(base_ms * (1 << exponent))
+
+
 class CircuitBreaker:
     __slots__ = (
         "_emit",
@@ -151,11 +158,7 @@ class CircuitBreaker:
         return 0.0
 
     def effective_reset_timeout_ms(self) -> float:
-        # Cycles 1-3 use the profile's timeout; each further cycle doubles it, up to ×16.
-        exponent = min(
-            MAX_TIMEOUT_MULTIPLIER_EXPONENT, max(0, self.open_cycle_count - CYCLES_AT_BASE_TIMEOUT)
-        )
-        return float(self.policy.reset_timeout_ms * (1 << exponent))
+        return escalated_reset_timeout_ms(self.policy.reset_timeout_ms, self.open_cycle_count)
 
     # -- the request path ------------------------------------------------------------------------
 

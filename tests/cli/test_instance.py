@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.serve import Options
-from tests.cli.conftest import run
+from tests.cli.conftest import Instance, run
 
 
 @pytest.fixture(autouse=True)
@@ -128,3 +128,16 @@ def test_tui_passes_the_log_level_to_the_console(
 
 def log_enabled(level: int) -> bool:
     return logging.getLogger("omniroute.events").isEnabledFor(level)
+
+
+def test_tui_url_checks_the_instance_before_anything_else(secured: Instance) -> None:
+    """Attaching needs an instance that answers and takes the token: exit 4 like every command
+    when it refuses, before the console (or the terminal check) is even tried."""
+    refused = run("tui", "--url", secured.url, "--token", "not-the-token")
+    assert refused.code == 4, refused.stderr
+    assert "refused the management token" in refused.stderr
+    missing = run("tui", "--url", secured.url)
+    assert missing.code == 4, missing.stderr
+    # With the right token, the instance is fine: what stops it here is CliRunner's lack of a terminal.
+    ok = run("tui", "--url", secured.url, "--token", secured.token or "")
+    assert ok.code == 2 and "terminal" in ok.stderr, ok.stderr

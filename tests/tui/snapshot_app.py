@@ -8,11 +8,14 @@ with `clock_frozen=True`, so nothing redraws unless a test asks for it.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 
 from omniroute_tui.app import OmniRouteApp, make_app
+from omniroute_tui.remote import Mirror, Remote
+from proxy import untrusted
 from proxy.config import load_config
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.lockout import LockoutSettings
@@ -149,3 +152,27 @@ def build_runtime() -> Runtime:
 
 def snapshot_app(*, read_only: bool = False) -> OmniRouteApp:
     return make_app(build_runtime(), read_only=read_only, clock_frozen=True)
+
+
+class StillRemote(Remote):
+    """An attached console's link that never connects: its mirror holds what the test put in."""
+
+    def start(self) -> None:
+        self.connected = True  # as if its stream were up
+        self.on_status(self.status)
+
+
+def mirrored(runtime: Runtime) -> Mirror:
+    """A mirror of `runtime` as an attached console would build it from the live stream (the same
+    JSON, through a real encode and decode), on the runtime's clock."""
+    mirror = Mirror(clock=runtime.clock.now)
+    data = json.loads(untrusted.dumps(runtime.stream.snapshot_data()))
+    mirror.apply("snapshot", data)
+    mirror.health(data["health"])
+    return mirror
+
+
+def attached_snapshot_app(*, read_only: bool = False) -> OmniRouteApp:
+    """The same fixed state, seen by a console attached to it instead of hosting it."""
+    remote = StillRemote("http://127.0.0.1:20128", None, mirror=mirrored(build_runtime()))
+    return OmniRouteApp(remote=remote, read_only=read_only, live=False)

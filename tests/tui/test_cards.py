@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
 from omniroute_tui.cards import CARDS, SettingsCard, SettingsPane
+from omniroute_tui.cards.card import RuntimeSettings
 from omniroute_tui.cards.catalog import format_default, format_range, get_path, nest
 from omniroute_tui.cards.fields import (
     BoolField,
@@ -79,7 +80,7 @@ class CardsApp(App[None]):
         self.read_only = read_only
 
     def compose(self) -> ComposeResult:
-        yield SettingsPane(self.runtime, read_only=self.read_only)
+        yield SettingsPane(RuntimeSettings(self.runtime), read_only=self.read_only)
 
 
 @asynccontextmanager

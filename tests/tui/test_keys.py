@@ -575,3 +575,40 @@ async def test_enter_on_a_breaker_tile_shows_its_breaker() -> None:
         assert app.active_tab == "breakers"
         selected = app.table("breakers").selected_row
         assert selected is not None and selected.key == key
+
+
+async def test_q_asks_first_when_requests_are_in_flight_and_ctrl_c_does_not() -> None:
+    app = snapshot_app()
+    assert app.runtime is not None
+    app.runtime.engine.stats.in_flight = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question == "3 requests in flight: quit and stop the proxy?"
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.is_running and not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("ctrl+c")  # the way out that never asks
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_q_asks_first_when_a_settings_card_holds_a_draft() -> None:
+    from omniroute_tui.cards import SettingsPane
+    from omniroute_tui.cards.fields import IntField
+
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await open_tab(pilot, "5")
+        await settle(pilot)
+        field = next(f for f in app.query_one(SettingsPane).query(IntField))
+        field.input.value = str(int(field.input.value or "0") + 1)
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question == "Unsaved settings (Resilience): quit and stop the proxy?"
+        await pilot.press("y")
+        await pilot.pause()
+    assert app.return_code == 0

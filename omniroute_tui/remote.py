@@ -1,0 +1,531 @@
+"""The console attached to an instance it does not host (`omniroute tui --url`, docs/console.md).
+
+`Mirror` is the read model of a running instance kept from its live stream (`GET /api/stream`):
+it answers every question `proxy.readmodel.ReadModel` answers, from the views the stream sends,
+so the feed, the snapshot builders and the actions cannot tell the two apart. Remaining times
+count down on this process's clock from the moment each row arrived.
+
+Events of the three layers are handed to the console only once the `state` message that carries
+their rows has been applied (the server sends it within 250 ms), and settings events once the
+`settings` message with the new documents has: a console that heard "loc-1 is cooling" and read
+the row before it came would show the old row, and nothing would say to look again. Operator
+events pass at once, in order.
+
+`Remote` keeps the mirror up to date: it reads the stream, reconnects with backoff (0.5 s doubling
+to 10 s) and resumes with `Last-Event-ID`, and asks for the request counters once a second (the
+stream carries states, not counters). `RemoteOperator` and `RemoteSettings` are the console's
+writes over the management API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import httpx
+
+from proxy.readmodel import (
+    BreakerView,
+    ConnectionView,
+    Event,
+    LockoutTableStatus,
+    LockoutView,
+    Traffic,
+    TransitionView,
+    breaker_view,
+    connection_view,
+    event_view,
+    lockout_table_view,
+    lockout_view,
+    reset_timeout_ms,
+)
+from proxy.resilience.errors import FieldError, SettingsError
+from proxy.sse import SSEParser
+
+log = logging.getLogger("omniroute.tui")
+
+__all__ = [
+    "BACKOFF_MAX_S",
+    "BACKOFF_START_S",
+    "Mirror",
+    "Remote",
+    "RemoteError",
+    "RemoteOperator",
+    "RemoteSettings",
+    "wall_ms",
+]
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 10.0
+POLL_S = 1.0
+"""How often the request counters are asked for."""
+EVENTS_KEPT = 1000
+"""As many as the instance's own bus keeps."""
+TRANSITIONS_KEPT = 20
+"""Per breaker, as many as the engine keeps."""
+RATE_SECONDS = 60
+HELD_LAYERS = frozenset({"breaker", "connection", "lockout", "settings"})
+"""Their events are told once the `state` (or `settings`) message after them has been applied."""
+SETTINGS_PATHS = {"resilience": "/api/resilience", "settings": "/api/settings"}
+STREAM = "/api/stream"
+HEALTH = "/api/monitoring/health"
+
+
+def wall_ms() -> float:
+    return time.time() * 1000.0
+
+
+class Mirror:
+    """The read model of a remote instance, as its stream last told it (see the module's doc)."""
+
+    def __init__(self, clock: Callable[[], float] = wall_ms) -> None:
+        self._clock = clock
+        self.version = ""
+        self.ready = False
+        """A snapshot has been applied: the mirror says something."""
+        self._started_at = clock()
+        self._instance = ""
+        self._changes = 0
+        self._breakers: dict[str, tuple[BreakerView, float]] = {}
+        self._connections: dict[str, tuple[ConnectionView, float]] = {}
+        self._lockouts: dict[tuple[str, str, str], LockoutView] = {}
+        self._lockout_table = LockoutTableStatus(0, 1, 0, 0, 0, 0)
+        self._settings: dict[str, dict[str, Any]] = {"resilience": {}, "settings": {}}
+        self._events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+        self._history: dict[str, deque[TransitionView]] = {}
+        self._held: list[Event] = []  # row events waiting for the state message with their rows
+        self._listeners: list[Callable[[Event], None]] = []
+        self._traffic = Traffic(0, 0, 0, 0)
+        self._per_second: dict[int, int] = {}
+        self._counted: int | None = None
+
+    # -- applying the stream ---------------------------------------------------------------------
+
+    def apply(self, kind: str, data: Mapping[str, Any], *, instance: str = "") -> None:
+        """One stream message (its `event` name and JSON data); `instance`: the process that sent
+        it (the first part of its id), which tells a restarted instance from a stream that resumed."""
+        if kind == "snapshot":
+            self._snapshot(data, instance)
+        elif kind == "event":
+            event = event_view(data)
+            if event is not None:
+                self._event(event)
+        elif kind == "state":
+            self._state(data)
+        elif kind == "settings":
+            self._settings_documents(data)
+        else:
+            return
+        self._changes += 1
+
+    def _snapshot(self, data: Mapping[str, Any], instance: str) -> None:
+        now = self._clock()
+        if instance != self._instance:
+            # Another process: its events are numbered from 1 again, and its breakers' histories
+            # are its own. What the old one said stays in the console's Events tab.
+            self._instance = instance
+            self._events.clear()
+            self._history.clear()
+        self._settings_documents(data.get("settings", {}))
+        health = data.get("health", {})
+        self._health(health, now)
+        self._breakers = {}
+        for row in health.get("providerBreakers", []):
+            self._put_breaker(row, now)
+        self._connections = {}
+        for row in data.get("connections", []):
+            self._put_connection(row, now)
+        self._lockouts = {}
+        for row in data.get("lockouts", []):
+            view = lockout_view(row, now)
+            self._lockouts[(view.provider, view.connection_id, view.model)] = view
+        self.ready = True
+        # What it missed while away: the events it has not told yet, then the rows as they are.
+        told = self._events[-1].seq if self._events else 0
+        for row in data.get("events", []):
+            event = event_view(row)
+            if event is not None and event.seq > told:
+                self._record(event)
+                self._tell(event)
+        self._release()
+
+    def _event(self, event: Event) -> None:
+        self._record(event)
+        if event.layer in HELD_LAYERS or self._held:
+            self._held.append(event)
+        else:
+            self._tell(event)
+
+    def _state(self, data: Mapping[str, Any]) -> None:
+        now = self._clock()
+        for row in data.get("breakers", []):
+            self._put_breaker(row, now)
+        for row in data.get("connections", []):
+            self._put_connection(row, now)
+        lockouts = data.get("lockouts", {})
+        for row in lockouts.get("upsert", []):
+            view = lockout_view(row, now)
+            self._lockouts[(view.provider, view.connection_id, view.model)] = view
+        for row in lockouts.get("remove", []):
+            self._lockouts.pop(
+                (str(row.get("provider")), str(row.get("connectionId")), str(row.get("model"))), None
+            )
+        self._release()
+
+    def _release(self) -> None:
+        held, self._held = self._held, []
+        for event in held:
+            self._tell(event)
+
+    def _record(self, event: Event) -> None:
+        self._events.append(event)
+        if event.layer == "breaker":
+            history = self._history.setdefault(event.key, deque(maxlen=TRANSITIONS_KEPT))
+            history.append(TransitionView(event.ts, event.from_, event.to, event.reason))
+
+    def _tell(self, event: Event) -> None:
+        for listener in tuple(self._listeners):
+            listener(event)
+
+    def _settings_documents(self, data: Mapping[str, Any]) -> None:
+        for group in ("resilience", "settings"):
+            document = data.get(group)
+            if isinstance(document, dict):
+                self._settings[group] = document
+        self._release()
+
+    def _put_breaker(self, row: Mapping[str, Any], now: float) -> None:
+        timeout = reset_timeout_ms(
+            self._settings["resilience"], str(row.get("class", "")), row.get("openCycleCount", 0)
+        )
+        view = breaker_view(row, timeout)
+        self._breakers[view.provider] = (view, now)
+
+    def _put_connection(self, row: Mapping[str, Any], now: float) -> None:
+        view = connection_view(row)
+        self._connections[view.id] = (view, now)
+
+    def health(self, data: Mapping[str, Any]) -> None:
+        """The instance's health document (polled): counters, uptime, version, the lockout table."""
+        self._health(data, self._clock())
+        self._changes += 1
+
+    def _health(self, data: Mapping[str, Any], now: float) -> None:
+        self.version = str(data.get("version", self.version))
+        uptime = data.get("uptimeMs")
+        if isinstance(uptime, int):
+            self._started_at = now - uptime
+        table = data.get("lockoutTable")
+        if isinstance(table, dict):
+            self._lockout_table = lockout_table_view(table)
+        requests = data.get("requests")
+        if isinstance(requests, dict):
+            traffic = Traffic(
+                int(requests.get("total", 0)),
+                int(requests.get("ok", 0)),
+                int(requests.get("failed", 0)),
+                int(requests.get("inFlight", 0)),
+            )
+            if self._counted is not None and traffic.total >= self._counted:
+                second = int(now // 1000)
+                self._per_second[second] = self._per_second.get(second, 0) + traffic.total - self._counted
+                for old in [s for s in self._per_second if s <= second - RATE_SECONDS]:
+                    del self._per_second[old]
+            self._counted = traffic.total
+            self._traffic = traffic
+
+    # -- the read model ----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    @property
+    def started_at(self) -> float:
+        return self._started_at
+
+    @property
+    def last_seq(self) -> int:
+        """Grows with every change the mirror applied (what a redraw keys on)."""
+        return self._changes
+
+    def events_after(self, seq: int) -> list[Event]:
+        return [e for e in self._events if e.seq > seq]
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _breaker_now(self, view: BreakerView, received: float, now: float) -> BreakerView:
+        if view.state != "OPEN":
+            return view
+        left = max(0.0, view.retry_after_ms - (now - received))
+        # Lazy recovery, as the engine reads it: an OPEN breaker whose timeout ran out lets a probe in.
+        return replace(view, retry_after_ms=left, state="OPEN" if left > 0 else "HALF_OPEN")
+
+    def _connection_now(self, view: ConnectionView, received: float, now: float) -> ConnectionView:
+        if view.status != "cooling":
+            return view
+        left = max(0.0, view.remaining_ms - (now - received))
+        return replace(view, remaining_ms=left, status="cooling" if left > 0 else "active")
+
+    def breakers(self, now: float) -> list[BreakerView]:
+        return [self._breaker_now(v, t, now) for v, t in self._breakers.values()]
+
+    def breaker(self, provider: str, now: float) -> BreakerView | None:
+        found = self._breakers.get(provider)
+        return self._breaker_now(*found, now) if found is not None else None
+
+    def breaker_history(self, provider: str) -> tuple[TransitionView, ...]:
+        return tuple(self._history.get(provider, ()))
+
+    def connections(self, now: float) -> list[ConnectionView]:
+        return [self._connection_now(v, t, now) for v, t in self._connections.values()]
+
+    def connection(self, connection_id: str, now: float) -> ConnectionView | None:
+        found = self._connections.get(connection_id)
+        return self._connection_now(*found, now) if found is not None else None
+
+    def unwell(self, now: float) -> list[ConnectionView]:
+        return [c for c in self.connections(now) if c.status != "active"]
+
+    def open_breakers(self, now: float) -> int:
+        return sum(1 for b in self.breakers(now) if b.state == "OPEN")
+
+    def cooling(self, now: float) -> int:
+        return sum(1 for c in self.connections(now) if c.status == "cooling")
+
+    def traffic(self) -> Traffic:
+        return self._traffic
+
+    def rates(self, now: float, seconds: int) -> list[int]:
+        last = int(now // 1000)
+        return [self._per_second.get(s, 0) for s in range(last - seconds + 1, last + 1)]
+
+    def lockouts(self, now: float) -> list[LockoutView]:
+        return [v for v in self._lockouts.values() if v.expires_at > now]
+
+    def lockout(self, provider: str, connection_id: str, model: str) -> LockoutView | None:
+        return self._lockouts.get((provider, connection_id, model))
+
+    def lockouts_of(self, provider: str, connection_id: str, now: float) -> list[LockoutView]:
+        return [
+            v
+            for v in self._lockouts.values()
+            if v.provider == provider and v.connection_id == connection_id and v.expires_at > now
+        ]
+
+    def lockout_table(self) -> LockoutTableStatus:
+        return self._lockout_table
+
+    def settings_document(self, group: str) -> dict[str, Any]:
+        return self._settings[group]
+
+
+class RemoteError(Exception):
+    """The instance refused or failed an action; the message says what it answered."""
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error", {})
+        message = error.get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return message if isinstance(message, str) else f"{response.status_code} {response.reason_phrase}"
+
+
+class RemoteOperator:
+    """The engine's operator commands over the management API (`actions.Operator`), for a worker
+    thread. A 404 is a KeyError, as the engine raises for a name it does not know."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self._url = url
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _call(self, method: str, path: str, body: object = None, *, name: str = "") -> dict[str, Any]:
+        with httpx.Client(base_url=self._url, headers=self._headers, timeout=10.0, trust_env=False) as client:
+            response = client.request(method, path, json=body)
+        if response.status_code == 404 and name:
+            raise KeyError(name)
+        if response.status_code != 200:
+            raise RemoteError(f"{self._url} answered {method} {path}: {_error_message(response)}")
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def reset_breakers(self, provider: str | None = None, *, source: str = "tui") -> int:
+        body = {"provider": provider} if provider is not None else {}
+        return int(self._call("POST", "/api/resilience/reset", body, name=provider or "")["resetCount"])
+
+    def reset_connection(self, connection_id: str | None = None, *, source: str = "tui") -> int:
+        if connection_id is None:
+            answer = self._call("GET", "/api/resilience/connections")
+            ids = [c["id"] for c in answer["connections"]]
+        else:
+            ids = [connection_id]
+        for cid in ids:
+            self._call("POST", f"/api/resilience/connections/{cid}/reset", name=cid)
+        return len(ids)
+
+    def set_connection_enabled(self, connection_id: str, enabled: bool, *, source: str = "tui") -> None:
+        self._call("PUT", f"/api/providers/{connection_id}", {"isActive": enabled}, name=connection_id)
+
+    def reenable(
+        self, provider: str, model: str, connection_id: str | None = None, *, source: str = "tui"
+    ) -> int:
+        body: dict[str, str] = {"provider": provider, "model": model}
+        if connection_id is not None:
+            body["connectionId"] = connection_id
+        return int(self._call("DELETE", "/api/resilience/model-cooldowns", body, name=provider)["removed"])
+
+    def reenable_all(self, *, source: str = "tui") -> int:
+        return int(self._call("DELETE", "/api/resilience/model-cooldowns", {"all": True})["removed"])
+
+
+class RemoteSettings:
+    """The settings cards' source over the API: documents from the mirror, saves by PATCH."""
+
+    def __init__(self, mirror: Mirror, url: str, token: str | None) -> None:
+        self._mirror = mirror
+        self._url = url
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def document(self, group: str) -> dict[str, Any]:
+        return self._mirror.settings_document(group)
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        return self._mirror.subscribe(listener)
+
+    async def patch(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
+        """The group's document after the change; SettingsError naming the fields the server refused."""
+        async with httpx.AsyncClient(
+            base_url=self._url, headers=self._headers, timeout=10.0, trust_env=False
+        ) as client:
+            response = await client.patch(SETTINGS_PATHS[group], json=patch)
+        if response.status_code == 400:
+            fields = response.json().get("error", {}).get("fields") or []
+            raise SettingsError(
+                [FieldError(str(f.get("field", "")), str(f.get("message", ""))) for f in fields]
+            )
+        if response.status_code != 200:
+            raise RemoteError(f"not saved: {_error_message(response)}")
+        document: dict[str, Any] = response.json()
+        self._mirror.apply("settings", {group: document})  # the card reads it back at once
+        return document
+
+
+class Remote:
+    """Keeps a `Mirror` of the instance at `url` up to date until `stop()`.
+
+    `on_change(kind)` is called after each message applied (`snapshot`, `event`, `state`,
+    `settings`, or `health` for the counters); `on_status(text)`
+    when the link changes: "attached to URL", or "reconnecting… URL" while the stream is down."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        on_change: Callable[[str], None] = lambda kind: None,
+        on_status: Callable[[str], None] = lambda text: None,
+        mirror: Mirror | None = None,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.mirror = mirror or Mirror()
+        self.operator = RemoteOperator(url, token)
+        self.settings = RemoteSettings(self.mirror, url, token)
+        self.on_change = on_change
+        self.on_status = on_status
+        self.connected = False
+        self.ever_connected = False
+        self.last_event_id: str | None = None
+        self.reconnects = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def status(self) -> str:
+        if self.connected:
+            return f"attached to {self.url}"
+        return f"reconnecting… {self.url}" if self.ever_connected else f"connecting… {self.url}"
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._follow(), name="omniroute-stream"),
+            asyncio.create_task(self._poll(), name="omniroute-health"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if self.last_event_id:
+            headers["Last-Event-ID"] = self.last_event_id
+        return headers
+
+    def _link(self, connected: bool) -> None:
+        if connected != self.connected:
+            self.connected = connected
+            self.ever_connected = self.ever_connected or connected
+            self.on_status(self.status)
+
+    async def _follow(self) -> None:
+        delay = BACKOFF_START_S
+        timeout = httpx.Timeout(10.0, read=None)
+        async with httpx.AsyncClient(base_url=self.url, timeout=timeout, trust_env=False) as client:
+            while True:
+                try:
+                    async with client.stream("GET", STREAM, headers=self._headers()) as response:
+                        if response.status_code != 200:
+                            raise RemoteError(f"{STREAM} answered {response.status_code}")
+                        parser = SSEParser()
+                        async for chunk in response.aiter_raw():
+                            for message in parser.feed(chunk):
+                                data = message.json_object()
+                                if message.id is not None and message.event != "ping":
+                                    self.last_event_id = message.id
+                                if data is None:
+                                    continue
+                                instance = (message.id or "").rpartition("-")[0]
+                                self.mirror.apply(message.event, data, instance=instance)
+                                if message.event == "snapshot":
+                                    self._link(True)
+                                    delay = BACKOFF_START_S
+                                self.on_change(message.event)
+                except (httpx.HTTPError, RemoteError) as exc:
+                    log.info("the stream from %s broke: %s", self.url, exc)
+                self._link(False)
+                self.reconnects += 1
+                await asyncio.sleep(delay)
+                delay = min(BACKOFF_MAX_S, delay * 2)
+
+    async def _poll(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=5.0, trust_env=False
+        ) as client:
+            while True:
+                try:
+                    response = await client.get(HEALTH)
+                    if response.status_code == 200:
+                        self.mirror.health(response.json())
+                        self.on_change("health")
+                except (httpx.HTTPError, ValueError):
+                    pass  # the stream says when the instance is away
+                await asyncio.sleep(POLL_S)
