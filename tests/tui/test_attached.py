@@ -265,3 +265,27 @@ def test_an_unreachable_instance_exits_3_and_a_refused_token_4(tmp_path: Path) -
     nobody = run("tui", "--url", f"http://127.0.0.1:{free_port()}")
     assert nobody.code == 3, nobody.stderr
     assert "no omniroute instance" in nobody.stderr
+
+
+async def test_read_only_attached_changes_nothing(tmp_path: Path) -> None:
+    with serving(tmp_path, tmp_path / "state.db") as server:
+        app = OmniRouteApp(remote=Remote(server.url, None), read_only=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            remote = app.remote
+            assert remote is not None
+            await until(lambda: remote.mirror.ready and remote.connected, "the console to attach")
+            assert "READ-ONLY" in app.status.line_text(0)
+            await pilot.press("3")
+            await settle(pilot)
+            app.table("connections").select_key("alpha-1")
+            for key in ("e", "r", "R"):
+                await pilot.press(key)
+                await settle(pilot)
+        operator = [e for e in api(server, "GET", "/api/events")["events"] if e["layer"] == "operator"]
+        assert operator == []
+        [row] = [
+            c
+            for c in api(server, "GET", "/api/resilience/connections")["connections"]
+            if c["id"] == "alpha-1"
+        ]
+        assert row["enabled"] is True
