@@ -79,10 +79,13 @@ class StateInUse(Exception):
     def __init__(self, state_path: Path, owner: Owner) -> None:
         self.state_path = state_path
         self.owner = owner
-        super().__init__(
+        message = (
             f"{state_path} is in use by omniroute ({owner.describe()}); stop that instance first,"
             " or give this one another state file (--state or OMNIROUTE_STATE)"
         )
+        if owner.url:  # most often, whoever meets this wanted to look at that instance
+            message += f"; to watch it, attach the console: omniroute tui --url {owner.url}"
+        super().__init__(message)
 
 
 class StateLock:

@@ -153,7 +153,7 @@ def test_a_second_instance_on_the_same_state_file_is_refused(tmp_path: Path) -> 
         assert result.stderr == (
             f"omniroute: {state} is in use by omniroute (pid {first.proc.pid}, serving on"
             f" 127.0.0.1:{first.port}); stop that instance first, or give this one another state file"
-            " (--state or OMNIROUTE_STATE)\n"
+            f" (--state or OMNIROUTE_STATE); to watch it, attach the console: omniroute tui --url {first.url}\n"
         )
         assert httpx.get(first.url + "/api/monitoring/health", timeout=5).status_code == 200
         with socket.socket() as probe:  # the refused instance let go of its address too

@@ -124,3 +124,4 @@ def test_a_state_file_that_serve_holds_is_refused_by_the_console(
         assert err.startswith(
             f"omniroute: {state} is in use by omniroute (pid {running.proc.pid}, serving on 127.0.0.1:{running.port})"
         )
+        assert err.rstrip().endswith(f"attach the console: omniroute tui --url {running.url}")
