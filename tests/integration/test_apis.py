@@ -9,8 +9,10 @@ servers speaking each wire format (tests/fakes/dialects.py).
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,6 +21,7 @@ import pytest
 
 from proxy.resilience.clock import FakeClock
 from tests.fakes import Reply
+from tests.instances import OMNIROUTE, environment, free_port, wait_until_serving
 from tests.integration.test_proxy import Proxy, Upstream, combo, provider
 
 MESSAGES_PATH = "/v1/messages"
@@ -368,3 +371,50 @@ def test_count_tokens_counts_against_no_layer(
     assert len(up.calls("/v1/messages/count_tokens")) == 1  # one attempt, no fallback
     assert proxy.connection("key-a")["status"] == "active"
     assert proxy.breaker("claude")["failureCount"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole program
+
+
+def test_both_sdks_through_a_real_omniroute_serve(tmp_path: Path, upstreams: Callable[..., Upstream]) -> None:
+    """`omniroute serve` as a process, as Claude Code and Codex CLI would meet it."""
+    claude_up, codex_up = upstreams("claude-up"), upstreams("codex-up")
+    claude_up.fake.by_model("streamed", Reply("stream", chunks=2, chunk_text="ok"))
+    codex_up.fake.by_model("streamed", Reply("stream", chunks=2, chunk_text="ok"))
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f"[server]\nport = {port}\n\n"
+        + claude("claude", claude_up.url, "claude-1")
+        + codex("codex", codex_up.url, "codex-1")
+        + combo("coding", "codex/gpt-5", "claude/sonnet")
+    )
+    config.chmod(0o600)
+    log = tmp_path / "serve.log"
+    command = [*OMNIROUTE, "serve", "--config", str(config), "--state", str(tmp_path / "state.db")]
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=environment()
+        )
+    try:
+        wait_until_serving(proc, port, log)
+        url = f"http://127.0.0.1:{port}"
+        ant = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        # A combo: the Messages request skips the target that does not speak messages.
+        assert ant.messages.create(model="coding", max_tokens=8, messages=USER).content[0].text == (
+            "hello from claude-up"
+        )
+        with ant.messages.stream(model="claude/streamed", max_tokens=8, messages=USER) as stream:
+            assert "".join(stream.text_stream) == "okok"
+        assert ant.messages.count_tokens(model="claude/sonnet", messages=USER).input_tokens == 7
+
+        oai = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        created = oai.responses.create(model="coding", input="hi")
+        assert created.output_text == "hello from codex-up"
+        events = list(oai.responses.create(model="codex/streamed", input="hi", stream=True))
+        assert events[-1].type == "response.completed"
+        assert oai.responses.retrieve(created.id).id == created.id
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0, log.read_text()
