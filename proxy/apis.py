@@ -175,7 +175,9 @@ def stream_error(api: str, data: Mapping[str, Any] | None) -> StreamError:
         )
     if api == "messages":
         error = data.get("error")
-        kind = error.get("type") if isinstance(error, Mapping) else None
+        if not isinstance(error, Mapping):  # not Anthropic's shape: say so in it
+            return StreamError(500, anthropic_error_body(500, "the upstream stream failed"))
+        kind = error.get("type")
         status = _ANTHROPIC_STATUS.get(kind, 500) if isinstance(kind, str) else 500
         return StreamError(status, json.dumps(data).encode())
     error = data.get("response", {}).get("error") if data.get("type") == "response.failed" else data

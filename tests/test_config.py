@@ -614,6 +614,17 @@ def test_starter_config_for_detected_servers_loads_back(tmp_path: Path) -> None:
     assert config.combos == {}
 
 
+def test_the_starter_configs_anthropic_example_loads_when_uncommented(tmp_path: Path) -> None:
+    text = render_starter_config({})
+    start = text.index("# [providers.anthropic]")
+    block = text[start : text.index("\n\n", start)]
+    live = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    config = load_config(write(tmp_path, live), {"ANTHROPIC_API_KEY": "sk-ant"}, explicit=True)
+    anthropic = config.providers["anthropic"]
+    assert (anthropic.apis, anthropic.auth) == ({"messages"}, "x-api-key")
+    assert anthropic.connections[0].api_key == "sk-ant"
+
+
 def test_starter_config_with_nothing_detected_matches_the_embedded_default(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, render_starter_config({})), {})
     default = embedded_default()

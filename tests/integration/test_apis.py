@@ -418,3 +418,31 @@ def test_both_sdks_through_a_real_omniroute_serve(tmp_path: Path, upstreams: Cal
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0, log.read_text()
+
+
+def test_bad_input_on_the_new_routes_gets_a_clear_4xx_and_reaches_no_upstream(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams("claude-up")
+    proxy = launch(claude("claude", up.url, "key-a") + codex("codex", up.url, "codex-1"))
+    count = "/v1/messages/count_tokens"
+    for body, status, kind in (
+        (b"{", 400, "invalid_request_error"),
+        (b"[]", 400, "invalid_request_error"),
+        (b'{"messages": []}', 400, "invalid_request_error"),
+        (b'{"model": "nope/x"}', 404, "not_found_error"),
+        (b'{"model": "codex/gpt-5"}', 404, "not_found_error"),  # codex does not speak messages
+    ):
+        answer = proxy.http.post(count, content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == status, body
+        assert answer.json()["type"] == "error"
+        assert answer.json()["error"]["type"] == kind, body
+    for ident in ("resp_unknown", "x" * 300, "a%2Fb", "%00"):
+        for method, path in (("GET", f"/v1/responses/{ident}"), ("DELETE", f"/v1/responses/{ident}")):
+            answer = proxy.http.request(method, path)
+            assert answer.status_code == 404, (method, ident)
+            assert answer.json()["error"]["code"] in ("response_not_found", "not_found")
+        cancel = proxy.http.post(f"/v1/responses/{ident}/cancel")
+        assert cancel.status_code == 404
+    # Only the model lists were asked (for the bare name "nope/x"), with the provider's own auth.
+    assert {r.path for r in up.fake.requests} <= {"/v1/models"}
