@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from proxy.sse import SSEParser
+
 ApiName = Literal["chat", "completions", "embeddings", "responses", "messages"]
 API_NAMES: Final[tuple[ApiName, ...]] = ("chat", "completions", "embeddings", "responses", "messages")
 DEFAULT_APIS: Final[frozenset[str]] = frozenset(("chat", "completions", "embeddings"))
@@ -188,6 +190,82 @@ def stream_error(api: str, data: Mapping[str, Any] | None) -> StreamError:
     message = error.get("message") if isinstance(error.get("message"), str) else "the upstream stream failed"
     body = {"error": {"message": message, "type": "upstream_error", "code": code}}
     return StreamError(status, json.dumps(body).encode())
+
+
+_ERROR_MARKERS: Final = (
+    # An error event's name, or for an unnamed event its type: one of these is in every error event.
+    b"event: error",
+    b"event:error",
+    b"event: response.failed",
+    b"event:response.failed",
+    b'"type":"error"',
+    b'"type": "error"',
+    b'"type":"response.failed"',
+    b'"type": "response.failed"',
+)
+MAX_PENDING_BYTES = 64 * 1024
+"""The most of an unfinished event the spotter keeps (an error event is far smaller)."""
+
+
+class ErrorSpotter:
+    """Spots the error event of a Messages or Responses stream after its content has started.
+
+    The relay must end such a stream at its `error` (or `response.failed`) event, but parsing every
+    event in Python would cost the relay its speed. So the bytes are searched (in C) for what an
+    error event must carry: its name, or for an unnamed event its type in the data (a JSON string
+    escapes the quotes inside it, so text quoting `"type": "error"` does not match). Only from the
+    event holding a marker on is the stream parsed, and from then on to its end: an error event is
+    reported; an event that only looked like one (text quoting `event: error`, say: a rare false
+    alarm) costs the speed, never an error missed. The unfinished event at the end of each chunk is kept, so a marker split between
+    two chunks is still found.
+    """
+
+    __slots__ = ("_api", "_parser", "_pending")
+
+    def __init__(self, api: str, head: bytes = b"") -> None:
+        """`head`: what was relayed before (already parsed); its unfinished event is kept."""
+        self._api = api
+        self._parser: SSEParser | None = None
+        self._pending = _unfinished(head)
+
+    def feed(self, chunk: bytes) -> StreamError | None:
+        """The error the stream reports in this chunk (or in an event this chunk completes), if any."""
+        parser = self._parser
+        if parser is not None:
+            return self._parse(parser, chunk)
+        data = self._pending + chunk if self._pending else chunk
+        hit = -1
+        for marker in _ERROR_MARKERS:
+            found = data.find(marker)
+            if found >= 0 and (hit < 0 or found < hit):
+                hit = found
+        if hit < 0:
+            self._pending = _unfinished(data)
+            return None
+        self._pending = b""
+        start = _boundary(data, hit)
+        self._parser = parser = SSEParser()
+        return self._parse(parser, data[start:])
+
+    def _parse(self, parser: SSEParser, data: bytes) -> StreamError | None:
+        for event in parser.feed(data):
+            fields = event.json_object()
+            if event_kind(self._api, event.event, fields) == EventKind.ERROR:
+                return stream_error(self._api, fields)
+        return None
+
+
+def _boundary(data: bytes, end: int) -> int:
+    """Where the event holding `data[end]` starts: after the last blank line before it (LF or CRLF)."""
+    lf = data.rfind(b"\n\n", 0, end)
+    crlf = data.rfind(b"\r\n\r\n", 0, end)
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _unfinished(data: bytes) -> bytes:
+    """The bytes after the last complete event (bounded: an error event is small)."""
+    rest = data[_boundary(data, len(data)) :]
+    return rest[-MAX_PENDING_BYTES:] if len(rest) > MAX_PENDING_BYTES else rest
 
 
 def usage_of(api: str, data: Mapping[str, Any] | None) -> tuple[int, int] | None:

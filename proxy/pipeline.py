@@ -27,7 +27,7 @@ from proxy import untrusted
 from proxy.apis import (
     CLIENT_HEADERS,
     ENDPOINT_API,
-    ERROR_EVENTS,
+    ErrorSpotter,
     EventKind,
     StreamError,
     anthropic_error_body,
@@ -650,29 +650,28 @@ class Pipeline:
                     return
                 if watchdog is not None:
                     _observe(SSEParser(), watchdog, first, engine.clock.now())
+                # Without the watchdog nothing needs every event: the spotter finds an error
+                # event by its bytes and parses only from there (the relay keeps chat's pace).
+                spotter = ErrorSpotter(api, first) if watchdog is None else None
                 async for chunk in chunks:
                     if probe:
                         engine.probe_alive(attempt)
-                    now = engine.clock.now()
                     error: StreamError | None = None
-                    for event in parser.feed(chunk):
-                        name = event.event
-                        # Both APIs name their events; only an unnamed one needs its JSON read.
-                        if name in ERROR_EVENTS or (name == "message" and watchdog is None):
-                            data = event.json_object()
-                            if event_kind(api, name, data) == EventKind.ERROR:
-                                error = stream_error(api, data)
-                        if watchdog is not None:
+                    if spotter is not None:
+                        error = spotter.feed(chunk)
+                    elif watchdog is not None:
+                        now = engine.clock.now()
+                        for event in parser.feed(chunk):
                             data = event.json_object()
                             watchdog.observe(data, now)
-                            if error is None and event_kind(api, name, data) == EventKind.ERROR:
+                            if error is None and event_kind(api, event.event, data) == EventKind.ERROR:
                                 error = stream_error(api, data)
-                    if watchdog is not None and error is None and watchdog.should_abort(now):
-                        outcome = Outcome.stall("stream throughput below the watchdog minimum")
-                        yield wire.sse_error(
-                            "the upstream stream stalled (throughput watchdog)", "stream_stalled"
-                        )
-                        return
+                        if error is None and watchdog.should_abort(now):
+                            outcome = Outcome.stall("stream throughput below the watchdog minimum")
+                            yield wire.sse_error(
+                                "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                            )
+                            return
                     yield chunk
                     if error is not None:
                         outcome = _stream_failure(error, engine.scrubber)

@@ -8,6 +8,8 @@ import pytest
 
 from proxy.apis import (
     ANTHROPIC_VERSION,
+    MAX_PENDING_BYTES,
+    ErrorSpotter,
     EventKind,
     anthropic_error_body,
     anthropic_sse_error,
@@ -153,3 +155,62 @@ def test_response_ids_of_answers_and_created_events() -> None:
     assert response_id({"id": "chatcmpl-1", "object": "chat.completion"}) is None
     assert response_id({"id": "x" * 300, "object": "response"}) is None
     assert response_id(None) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# ErrorSpotter: the relay's cheap look for an error event after content
+
+DELTA = b'event: content_block_delta\ndata: {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}}\n\n'
+ERROR = b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+UNNAMED_ERROR = b'data: {"type":"error","error":{"type":"rate_limit_error","message":"slow"}}\n\n'
+FAILED = b'event: response.failed\ndata: {"type": "response.failed", "response": {"error": {"code": "server_error"}}}\n\n'
+# Text that talks about errors is escaped JSON inside a string: it never looks like an error event.
+TALK = b'event: content_block_delta\ndata: {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "event: error \\"type\\": \\"error\\""}}\n\n'
+
+
+def _spot(api: str, stream: bytes, cuts: list[int], head: bytes = b"") -> list[int]:
+    """Feed `stream` cut at `cuts`; the statuses reported, in order."""
+    spotter = ErrorSpotter(api, head)
+    found = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        error = spotter.feed(stream[start:end])
+        if error is not None:
+            found.append(error.status)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("api", "stream", "status"),
+    [
+        ("messages", DELTA * 3 + ERROR, 529),
+        ("messages", DELTA + UNNAMED_ERROR, 429),
+        ("messages", (DELTA + ERROR).replace(b"\n", b"\r\n"), 529),
+        ("messages", DELTA + TALK + ERROR, 529),
+        ("responses", DELTA + FAILED, 500),
+    ],
+)
+def test_the_spotter_finds_an_error_event_however_the_stream_is_cut(
+    api: str, stream: bytes, status: int
+) -> None:
+    for cut in range(1, len(stream)):
+        assert _spot(api, stream, [cut]) == [status], cut
+    assert _spot(api, stream, list(range(1, len(stream)))) == [status]  # one byte at a time
+
+
+def test_the_spotter_reports_nothing_for_a_stream_without_an_error() -> None:
+    stream = DELTA * 3 + TALK + DELTA
+    for cut in range(1, len(stream)):
+        assert _spot("messages", stream, [cut]) == []
+
+
+def test_the_spotter_completes_an_error_event_the_head_began() -> None:
+    whole = DELTA + ERROR
+    split = len(DELTA) + 20  # inside the error event's data line
+    assert _spot("messages", whole[split:], [], head=whole[:split]) == [529]
+
+
+def test_the_spotter_keeps_a_bounded_unfinished_event() -> None:
+    spotter = ErrorSpotter("messages")
+    for _ in range(100):
+        assert spotter.feed(b"x" * 4096) is None  # no event boundary ever
+    assert len(spotter._pending) <= MAX_PENDING_BYTES
