@@ -22,7 +22,8 @@ the key keeps coming back and each time a burst of requests finds it usable for 
 rejection should cost no more than a success, and no rejected request should wait in the key's
 request queue (whose pacing is 200 ms) for a turn it will not use.
 
-Streaming: sse_upstream.py emits a 1,000-event SSE stream, one send per event, as fast as it can.
+Streaming: sse_upstream.py emits a 1,000-event SSE stream, one send per event, as fast as it can
+(chat, then the same stream in the Messages API's form through `/v1/messages`, bar >= 0.90).
 A Python client (aiohttp, `iter_any()`) reads it directly and through omniroute, alternately, and
 counts events: the chunk rate is events / (last byte - first event), the time to first chunk is
 request sent -> first event. A second upstream model pauses 200 ms after its first event: a relay
@@ -77,6 +78,7 @@ id = "bench-1"
 [providers.sse]
 class = "local"
 base_url = "http://127.0.0.1:{SSE_PORT}/v1"
+apis = ["chat", "messages"]
 
 [[providers.sse.connections]]
 id = "sse-1"
@@ -103,6 +105,11 @@ BAR_FLOOR_THROUGHPUT = 0.60
 BAR_ADDED_P50 = 2.0
 BAR_LITELLM = 20.0
 BAR_STREAM_RATE = 0.80
+BAR_MESSAGES_STREAM_RATE = 0.90
+"""The Messages API relay (Claude Code's): its stream start holds the preamble back and its relay
+watches every event for an `error`, and it must still keep up (issue #14)."""
+MESSAGES_EXTRA_EVENTS = 5
+"""message_start, content_block_start, content_block_stop, message_delta, message_stop."""
 BAR_REJECTION_CPU = 1.0
 """CPU per rejected request over CPU per success (issue #21: a rejection costs no more than a success)."""
 PACING_MS = 200.0
@@ -345,7 +352,12 @@ class StreamRun:
 
 
 async def read_stream(session: Any, url: str, model: str) -> StreamRun:
-    body = {"model": model, "stream": True, "messages": [{"role": "user", "content": "ping"}]}
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": "ping"}],
+    }
     t0 = time.perf_counter()
     first = 0.0
     events = 0
@@ -364,14 +376,15 @@ async def read_stream(session: Any, url: str, model: str) -> StreamRun:
 
 
 async def stream_bench(
-    targets: dict[str, tuple[str, str]], runs: int
+    targets: dict[str, tuple[str, str]], runs: int, *, pause: bool = True
 ) -> dict[str, dict[str, list[StreamRun]]]:
     """Alternate the targets run by run so machine noise falls on both alike."""
     import aiohttp
 
     results: dict[str, dict[str, list[StreamRun]]] = {"fast": {}, "pause": {}}
+    kinds = [("fast", "", runs, 3), ("pause", "-pause", 5, 1)] if pause else [("fast", "", runs, 3)]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        for kind, model_suffix, count, warm in (("fast", "", runs, 3), ("pause", "-pause", 5, 1)):
+        for kind, model_suffix, count, warm in kinds:
             for name in targets:
                 results[kind][name] = []
             for i in range(warm + count):
@@ -568,6 +581,33 @@ def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]
     )
 
 
+def messages_section(report: Report, results: dict[str, dict[str, list[StreamRun]]]) -> None:
+    fast = results["fast"]
+    report.line()
+    report.line(
+        f"streaming, Messages API: {STREAM_CHUNKS:,} text deltas in Anthropic's SSE, {len(fast['direct'])} streams each, medians"
+    )
+    report.line(f"{'path':<10} {'events':>7} {'chunks/s':>10} {'body ms':>8} {'ttfb ms':>8}")
+    for name, runs in fast.items():
+        events = {r.events for r in runs}
+        report.line(
+            f"{name:<10} {'/'.join(map(str, sorted(events))):>7} {median([r.rate for r in runs]):>10.0f} "
+            f"{median([r.body_ms for r in runs]):>8.2f} {median([r.ttfb_ms for r in runs]):>8.3f}"
+        )
+    expected = STREAM_CHUNKS + MESSAGES_EXTRA_EVENTS
+    complete = all(r.events == expected for runs in fast.values() for r in runs)
+    if not complete:
+        report.line(f"warning: some streams did not carry {expected} events (see the events column)")
+    d_rate, o_rate = median([r.rate for r in fast["direct"]]), median([r.rate for r in fast["omniroute"]])
+    ratio = median([o.rate / d.rate for d, o in zip(fast["direct"], fast["omniroute"], strict=True)])
+    report.bar(
+        "Messages SSE relay chunk rate vs direct",
+        f">= {BAR_MESSAGES_STREAM_RATE:.2f}",
+        f"{ratio:.2f} ({o_rate:.0f} vs {d_rate:.0f} events/s)",
+        ratio >= BAR_MESSAGES_STREAM_RATE and complete,
+    )
+
+
 # ---------------------------------------------------------------------- main
 
 
@@ -699,8 +739,13 @@ def main(argv: list[str] | None = None) -> int:
                     "direct": (f"http://127.0.0.1:{SSE_PORT}/v1/chat/completions", "bench-model"),
                     "omniroute": (f"http://127.0.0.1:{OMNI_PORT}/v1/chat/completions", "sse/bench-model"),
                 }
+                messages = {
+                    "direct": (f"http://127.0.0.1:{SSE_PORT}/v1/messages", "bench-model"),
+                    "omniroute": (f"http://127.0.0.1:{OMNI_PORT}/v1/messages", "sse/bench-model"),
+                }
                 try:
                     stream_section(report, run_async(stream_bench(paths, args.stream_runs)))
+                    messages_section(report, run_async(stream_bench(messages, args.stream_runs, pause=False)))
                 except Exception as exc:
                     print(f"streaming benchmark failed: {exc!r}", file=sys.stderr)
                     failed = True

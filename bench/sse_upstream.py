@@ -3,7 +3,9 @@
     python bench/sse_upstream.py --port 18090 [--chunks 1000]
 
 `POST /v1/chat/completions` answers `text/event-stream` with `--chunks` `data:` events and then
-`data: [DONE]`, chunked transfer encoding, each event its own write (and its own send: the loop
+`data: [DONE]`; `POST /v1/messages` the same stream in Anthropic's Messages form (`message_start`
+and `content_block_start` in the first write, `--chunks` `content_block_delta` events, then
+`content_block_stop`, `message_delta` and `message_stop` in the last); chunked transfer encoding, each event its own write (and its own send: the loop
 is yielded to between events, so the kernel cannot merge them before the reader is ready). This
 is as fast as one Python process can emit separate events, so the proxy, not the upstream, sets
 the pace of a relay. A model whose name ends in `-pause` gets the first event, then a pause of
@@ -47,6 +49,47 @@ def event_frames(chunks: int) -> list[bytes]:
     return frames
 
 
+def _event(name: str, data: dict[str, object]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data}, separators=(',', ':'))}\n\n".encode()
+
+
+def message_frames(chunks: int) -> list[bytes]:
+    """Pre-built frames of an Anthropic Messages stream: `chunks` text deltas between its opening
+    (message_start, content_block_start: one write, as the API sends them) and its three closing
+    events (one write)."""
+    start = {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "bench-model",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    frames = [
+        _frame(
+            _event("message_start", {"message": start})
+            + _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        )
+    ]
+    for i in range(chunks):
+        delta = {"index": 0, "delta": {"type": "text_delta", "text": f"tok{i} "}}
+        frames.append(_frame(_event("content_block_delta", delta)))
+    usage = {"output_tokens": chunks}
+    frames.append(
+        _frame(
+            _event("content_block_stop", {"index": 0})
+            + _event(
+                "message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage}
+            )
+            + _event("message_stop", {})
+        )
+    )
+    frames.append(b"0\r\n\r\n")
+    return frames
+
+
 def _simple(status: str, body: bytes) -> bytes:
     return (
         f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
@@ -57,6 +100,7 @@ def _simple(status: str, body: bytes) -> bytes:
 class Upstream:
     def __init__(self, chunks: int, pause_ms: float) -> None:
         self.frames = event_frames(chunks)
+        self.message_frames = message_frames(chunks)
         self.pause_s = pause_ms / 1000
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -78,7 +122,10 @@ class Upstream:
                     writer.write(_simple("200 OK", MODELS))
                 elif method == "POST" and path.startswith("/v1/chat/completions"):
                     model = str(json.loads(body or b"{}").get("model", ""))
-                    await self.stream(writer, pause=model.endswith("-pause"))
+                    await self.stream(writer, self.frames, pause=model.endswith("-pause"))
+                elif method == "POST" and path.startswith("/v1/messages"):
+                    model = str(json.loads(body or b"{}").get("model", ""))
+                    await self.stream(writer, self.message_frames, pause=model.endswith("-pause"))
                 else:
                     writer.write(_simple("404 Not Found", b'{"error":{"message":"not found"}}'))
                 await writer.drain()
@@ -89,9 +136,9 @@ class Upstream:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def stream(self, writer: asyncio.StreamWriter, *, pause: bool) -> None:
+    async def stream(self, writer: asyncio.StreamWriter, frames: list[bytes], *, pause: bool) -> None:
         writer.write(SSE_HEAD)
-        first, *rest = self.frames
+        first, *rest = frames
         writer.write(first)
         if pause:
             await writer.drain()

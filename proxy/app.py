@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from proxy import untrusted
+from proxy import passthrough, untrusted
 from proxy.guard import Guard
 from proxy.manage import management_routes
 from proxy.responses import error_response, json_response
@@ -32,6 +32,18 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
 
     async def embeddings(request: Request) -> Response:
         return await runtime.pipeline.handle(request, "embeddings")
+
+    async def responses(request: Request) -> Response:
+        return await runtime.pipeline.handle(request, "responses")
+
+    async def messages(request: Request) -> Response:
+        return await runtime.pipeline.handle_messages(request)
+
+    async def count_tokens(request: Request) -> Response:
+        return await passthrough.count_tokens(runtime, request)
+
+    async def response_follow_up(request: Request) -> Response:
+        return await passthrough.response_follow_up(runtime, request)
 
     async def models(request: Request) -> Response:
         router = runtime.router
@@ -86,6 +98,11 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", response_follow_up, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", response_follow_up, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         *management_routes(runtime),
     ]

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
+from proxy.apis import API_NAMES, AUTH_STYLES, DEFAULT_APIS, AuthStyle, builtin_apis
 from proxy.resilience.outcome import ProviderClass
 from proxy.resilience.restate import RestatementRule, rule_from_config
 
@@ -97,6 +98,10 @@ class ProviderConfig:
     restate: tuple[RestatementRule, ...]
     """The file's rules only; `restate.rules_for(id, restate)` adds the built-ins."""
     headers: Mapping[str, str]
+    apis: frozenset[str] = DEFAULT_APIS
+    """The wire APIs this provider answers (`proxy.apis.API_NAMES`); only these are routed to it."""
+    auth: AuthStyle = "bearer"
+    """How the key travels: `Authorization: Bearer`, or Anthropic's `x-api-key`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +305,7 @@ def embedded_default() -> Config:
             rate_limit=None,
             restate=(),
             headers=MappingProxyType({}),
+            apis=builtin_apis(pid),
         )
         for pid, url in BUILTIN_LOCAL_PROVIDERS.items()
     }
@@ -683,7 +689,19 @@ class _Reader:
         if not isinstance(raw, dict):  # e.g. `providers.x = 3`: say so once, not once per missing key
             return ProviderConfig(pid, "local", "", (), False, None, (), MappingProxyType({}))
         self.keys(
-            t, w, ("class", "base_url", "connections", "per_model_quota", "rate_limit", "restate", "headers")
+            t,
+            w,
+            (
+                "class",
+                "base_url",
+                "apis",
+                "auth",
+                "connections",
+                "per_model_quota",
+                "rate_limit",
+                "restate",
+                "headers",
+            ),
         )
         # The built-in local servers need neither `class` nor `base_url`: `[providers.ollama]` plus a
         # connection is enough, as in the embedded default.
@@ -711,7 +729,36 @@ class _Reader:
             rate_limit=rate_limit,
             restate=self.restate(t, w),
             headers=self.headers(t, w),
+            apis=self.apis(t, w, pid),
+            auth=self.auth(t, w),
         )
+
+    def apis(self, t: Mapping[str, Any], w: str, pid: str) -> frozenset[str]:
+        """`apis`: the wire APIs the provider answers; a built-in local server knows its own."""
+        if "apis" not in t:
+            return builtin_apis(pid)
+        key = f"{w}.apis"
+        if t["apis"] == []:
+            self.problem(key, f"must list at least one of {', '.join(API_NAMES)}")
+            return frozenset()
+        names = self.str_list(t, w, "apis")
+        for i, name in enumerate(names):
+            if name not in API_NAMES:
+                close = difflib.get_close_matches(name, API_NAMES, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                self.problem(
+                    f"{key}[{i}]", f"must be one of {', '.join(API_NAMES)} (got {_shown(name)}{hint})"
+                )
+        return frozenset(names)
+
+    def auth(self, t: Mapping[str, Any], w: str) -> AuthStyle:
+        value = t.get("auth", "bearer")
+        for style in AUTH_STYLES:
+            if value == style:
+                return style
+        got = _shown(value) if isinstance(value, str) else _kind(value)
+        self.problem(f"{w}.auth", f"must be one of {', '.join(AUTH_STYLES)} (got {got})")
+        return "bearer"
 
     def url(self, t: Mapping[str, Any], w: str) -> str:
         value = self.str_(t, w, "base_url", required=True)
@@ -929,6 +976,16 @@ def render_starter_config(detected: Mapping[str, str]) -> str:
         '# api_key_env = "OPENAI_API_KEY"   # or api_key = "..." (then keep this file mode 0600)',
         "# priority = 1",
         "# max_concurrent = 4",
+        "",
+        "# Anthropic's API, for Claude Code (ANTHROPIC_BASE_URL=http://127.0.0.1:20128):",
+        "# [providers.anthropic]",
+        '# class = "apikey"',
+        '# base_url = "https://api.anthropic.com/v1"',
+        '# apis = ["messages"]               # chat, completions, embeddings, responses, messages',
+        '# auth = "x-api-key"                # the key as x-api-key, as Anthropic wants it',
+        "# [[providers.anthropic.connections]]",
+        '# id = "claude-main"',
+        '# api_key_env = "ANTHROPIC_API_KEY"',
         "",
         "# A combo: a model name that tries its targets in order.",
         "# [combos.coding]",

@@ -10,6 +10,9 @@ A newcomer sees every resilience layer move within a minute, without any LLM ins
 - `models` (local): serves `llama3`, answers 404 `model_not_found` for anything else, so
   `models/missing-model` gets a model lockout (model lockout is enabled in the demo).
 - `twokeys` (apikey): the key of `twokeys-dead` gets 401 (-> `expired`), `twokeys-live` serves.
+- `claude` (apikey, two keys, `apis = ["messages"]`, `auth = "x-api-key"`): Anthropic's Messages
+  API, as Claude Code uses it; every fourth request gets 529 `overloaded_error`, so a key cools
+  and the other one serves.
 
 Each upstream is a uvicorn server task in the caller's event loop; `demo_environment` writes a config
 that points at them, and `DemoTraffic` sends the requests. The demo's state lives in a temporary
@@ -57,7 +60,7 @@ __all__ = [
     "demo_upstream_app",
 ]
 
-UPSTREAM_KINDS = ("healthy", "flaky", "ratelimited", "models", "twokeys")
+UPSTREAM_KINDS = ("healthy", "flaky", "ratelimited", "models", "twokeys", "claude")
 DEMO_PORT = 20128
 
 # Fake inline keys: the upstreams decide by the `Authorization: Bearer <key>` the proxy sends.
@@ -66,6 +69,8 @@ DEMO_KEYS: Mapping[str, str] = {
     "ratelimited-b": "sk-demo-ratelimited-b-9d2e",
     "twokeys-dead": "sk-demo-twokeys-dead-0000",
     "twokeys-live": "sk-demo-twokeys-live-7a3b",
+    "claude-a": "sk-demo-claude-a-3e8f",
+    "claude-b": "sk-demo-claude-b-c41d",
 }
 _DEAD_KEY = DEMO_KEYS["twokeys-dead"]
 
@@ -76,11 +81,14 @@ _MODELS: Mapping[str, tuple[str, ...]] = {
     "ratelimited": ("gpt-4o-mini",),
     "models": ("llama3",),
     "twokeys": ("gpt-4o-mini",),
+    "claude": ("claude-sonnet",),
 }
 
 RATE_LIMIT_EVERY = 3
 """`ratelimited` answers 429 to every third request it receives (whichever key sent it)."""
 RATE_LIMIT_RETRY_AFTER_S = 5
+OVERLOAD_EVERY = 4
+"""`claude` answers 529 `overloaded_error` to every fourth Messages request it receives."""
 
 DEMO_SETTINGS_PATCH: dict[str, Any] = {
     # Only 404 locks a model: the default list also holds 503, which would lock `flaky/llama3` for
@@ -229,7 +237,54 @@ class _Upstream:
         yield chunk({}, "stop")
         yield b"data: [DONE]\n\n"
 
+    def message(self, model: str, text: str) -> dict[str, Any]:
+        return {
+            "id": f"msg_demo_{next(self.ids)}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 8, "output_tokens": len(text.split())},
+        }
+
+    async def message_stream(self, model: str, text: str) -> AsyncIterator[bytes]:
+        def event(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+        start = self.message(model, "") | {"content": [], "stop_reason": None}
+        yield event("message_start", {"message": start})
+        yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        for i, word in enumerate(text.split()):
+            await asyncio.sleep(0.02)
+            delta = {"type": "text_delta", "text": word if i == 0 else " " + word}
+            yield event("content_block_delta", {"index": 0, "delta": delta})
+        yield event("content_block_stop", {"index": 0})
+        usage = {"output_tokens": len(text.split())}
+        yield event(
+            "message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage}
+        )
+        yield event("message_stop", {})
+
     # -- routes ----------------------------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API: the key as `x-api-key`, errors in Anthropic's shape."""
+        body = await _json_object(request)
+        if isinstance(body, Response):
+            return body
+        model = str(body.get("model", ""))
+        if not request.headers.get("x-api-key", "").startswith("sk-demo-"):
+            return _anthropic_error(401, "authentication_error", "invalid x-api-key")
+        self.requests += 1
+        if self.requests % OVERLOAD_EVERY == 0:
+            return _anthropic_error(529, "overloaded_error", "Overloaded")
+        await self.latency()
+        text = self.reply_text(model)
+        if body.get("stream") is True:
+            return StreamingResponse(self.message_stream(model, text), media_type="text/event-stream")
+        return JSONResponse(self.message(model, text))
 
     async def chat(self, request: Request) -> Response:
         body = await _json_object(request)
@@ -294,6 +349,10 @@ class _Upstream:
         return JSONResponse({"object": "list", "data": data})
 
 
+def _anthropic_error(status: int, kind: str, message: str) -> Response:
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+
+
 async def _json_object(request: Request) -> dict[str, Any] | Response:
     try:
         body = json.loads(await request.body())
@@ -315,6 +374,7 @@ def demo_upstream_app(
             Route("/v1/completions", upstream.completions, methods=["POST"]),
             Route("/v1/embeddings", upstream.embeddings, methods=["POST"]),
             Route("/v1/models", upstream.models, methods=["GET"]),
+            Route("/v1/messages", upstream.messages, methods=["POST"]),
         ]
     )
 
@@ -459,6 +519,21 @@ id = "twokeys-live"
 api_key = {k["twokeys-live"]}
 priority = 2
 
+# Anthropic's Messages API (Claude Code's): every fourth request is 529 overloaded_error.
+[providers.claude]
+class = "apikey"
+base_url = {url("claude")}
+apis = ["messages"]
+auth = "x-api-key"
+
+[[providers.claude.connections]]
+id = "claude-a"
+api_key = {k["claude-a"]}
+
+[[providers.claude.connections]]
+id = "claude-b"
+api_key = {k["claude-b"]}
+
 # flaky first; healthy serves while flaky's breaker is open.
 [combos.demo]
 strategy = "priority"
@@ -521,6 +596,8 @@ _MIX: tuple[tuple[int, str, str, bool], ...] = (
     (2, "chat/completions", "twokeys/gpt-4o-mini", False),
     (1, "chat/completions", "healthy/llama3", True),
     (1, "embeddings", "healthy/nomic-embed-text", False),
+    (2, "messages", "claude/claude-sonnet", False),
+    (1, "messages", "claude/claude-sonnet", True),
 )
 _MIX_WEIGHTS = [w for w, *_ in _MIX]
 
@@ -585,6 +662,13 @@ class DemoTraffic:
     async def _send(self, session: aiohttp.ClientSession, endpoint: str, model: str, stream: bool) -> None:
         if endpoint == "embeddings":
             payload: dict[str, Any] = {"model": model, "input": "the quick brown fox"}
+        elif endpoint == "messages":
+            payload = {
+                "model": model,
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": "Say hello."}],
+                "stream": stream,
+            }
         else:
             payload = {
                 "model": model,

@@ -10,7 +10,9 @@ Checked in this order, each refusal a JSON error that names the rule:
 2. `Origin` (403): a browser says which page sent a request; only `server.allowed_origins`
    (default: none) may. Such an origin also gets its CORS preflight (`OPTIONS`) answered and
    `Access-Control-Allow-Origin` on every answer.
-3. Credentials: `/v1/*` needs a `Bearer` key from `server.api_keys` when that list is set (401);
+3. Credentials: `/v1/*` needs a key from `server.api_keys` when that list is set (401), as
+   `Authorization: Bearer` or as `x-api-key` (how Anthropic's clients send theirs; the refusal is
+   then in Anthropic's error shape on `/v1/messages`);
    `/api/*` needs `Bearer <management_token>` when one is set (401), else a loopback client (403).
    Compared in constant time.
 4. `Content-Type` (415): a POST, PUT, PATCH or DELETE with a body must say `application/json`,
@@ -25,12 +27,14 @@ nothing about our internals (the traceback goes to the log only).
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import os
 from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.apis import anthropic_error_body
 from proxy.config import ServerConfig, host_name, is_loopback_host, normal_origin
 from proxy.responses import error_body
 
@@ -39,7 +43,7 @@ log = logging.getLogger("omniroute")
 _UNSAFE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _CORS_ALLOW_HEADERS: Final = (
     b"authorization, content-type, x-omniroute-connection, x-session-id, x-codex-session-id, "
-    b"x-omniroute-session"
+    b"x-omniroute-session, x-api-key, anthropic-version, anthropic-beta"
 )
 _CORS_EXPOSE_HEADERS: Final = (
     b"x-request-id, x-omniroute-selected-connection-id, x-omniroute-provider, "
@@ -88,6 +92,8 @@ class Guard:
             denial = self._access(scope, headers)
         if denial is not None:
             status, body = denial
+            if scope.get("path", "").startswith("/v1/messages"):  # Anthropic's clients read their own shape
+                body = anthropic_error_body(status, json.loads(body)["error"]["message"])
             await _answer(send_with_id, status, body)
             return
         try:
@@ -138,7 +144,9 @@ class Guard:
                     )
             elif not _bearer_matches(headers, [self.management_token]):
                 return 401, error_body(401, "missing or wrong management token", "unauthorized")
-        elif self._credential_needed(path) and not _bearer_matches(headers, self.api_keys):
+        elif self._credential_needed(path) and not (
+            _bearer_matches(headers, self.api_keys) or _x_api_key_matches(headers, self.api_keys)
+        ):
             return 401, error_body(401, "missing or wrong API key", "invalid_api_key")
         if scope.get("method") in _UNSAFE_METHODS and not _json_or_empty(headers):
             return 415, error_body(
@@ -188,6 +196,17 @@ def _bearer_matches(headers: dict[bytes, bytes], secrets: list[bytes]) -> bool:
     matched = False
     for secret in secrets:
         matched |= hmac.compare_digest(token, secret)
+    return matched
+
+
+def _x_api_key_matches(headers: dict[bytes, bytes], secrets: list[bytes]) -> bool:
+    """Anthropic's clients send their key as `x-api-key` (Claude Code with ANTHROPIC_API_KEY)."""
+    token = headers.get(b"x-api-key")
+    if token is None:
+        return False
+    matched = False
+    for secret in secrets:
+        matched |= hmac.compare_digest(token.strip(), secret)
     return matched
 
 

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy import __version__
+from proxy.apis import API_NAMES
 from proxy.settings import INT_LIST_MAX_ITEMS, SCHEMA, SECTIONS, FieldSpec
 
 __all__ = ["PATH", "document", "openapi_route"]
@@ -57,6 +58,7 @@ _BREAKER_STATE: Schema = {"type": "string", "enum": ["CLOSED", "DEGRADED", "OPEN
 _SKIP_REASONS = (
     "circuit_open", "probe_in_flight", "cooling", "locked", "banned", "expired", "credits_exhausted",
     "disabled", "no_connection", "unknown_provider", "already_tried",
+    *(f"does not speak {api}" for api in API_NAMES),
 )  # fmt: skip
 _CONNECTION_STATUS: Schema = {
     "type": "string",
@@ -124,6 +126,27 @@ def _schemas() -> dict[str, Schema]:
                     },
                     optional=("fields", "skipped"),
                 )
+            }
+        ),
+        "AnthropicError": _obj(
+            {
+                "type": {"const": "error"},
+                "error": _obj(
+                    {
+                        "type": {
+                            "type": "string",
+                            "enum": [
+                                "invalid_request_error",
+                                "authentication_error",
+                                "not_found_error",
+                                "rate_limit_error",
+                                "api_error",
+                                "overloaded_error",
+                            ],
+                        },
+                        "message": _STR,
+                    }
+                ),
             }
         ),
         "FieldError": _obj(
@@ -333,9 +356,59 @@ def _proxy_op(summary: str) -> Schema:
     )  # fmt: skip
 
 
+def _messages_op(summary: str) -> Schema:
+    """`/v1/messages`: the proxy's own errors in Anthropic's shape (an upstream's are relayed)."""
+    operation = _proxy_op(summary)
+    for status, response in operation["responses"].items():
+        if status != "200":
+            response["content"] = {"application/json": {"schema": _ref("AnthropicError")}}
+    return operation
+
+
+_RESPONSE_ID: Schema = {
+    "name": "response_id",
+    "in": "path",
+    "required": True,
+    "schema": _STR,
+    "description": "a Responses API response id this proxy relayed in the last 24 hours",
+}
+
+
+def _follow_up(summary: str) -> Schema:
+    return _op(
+        summary,
+        {"description": "the creating upstream's answer, relayed", "content": {"application/json": {}}},
+        errors={
+            "401": _GUARDED_V1,
+            "404": _error("the proxy relayed no response with this id in the last 24 hours (`response_not_found`)"),
+            "502": _error("that upstream could not be reached (`upstream_unreachable`)"),
+        },
+        parameters=[_RESPONSE_ID],
+        tag="proxy",
+    )  # fmt: skip
+
+
 def _paths() -> dict[str, Schema]:
     ok_count = _obj({"ok": {"const": True}, "resetCount": _INT})
     return {
+        "/v1/responses": {
+            "post": _proxy_op("OpenAI Responses API, passed through to providers that speak it (`apis`)")
+        },
+        "/v1/responses/{response_id}": {
+            "get": _follow_up("Retrieve a response, from the connection that created it"),
+            "delete": _follow_up("Delete a response, at the connection that created it"),
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": _follow_up("Cancel a background response, at the connection that created it")
+        },
+        "/v1/messages": {
+            "post": _messages_op("Anthropic Messages API, passed through to providers that speak it (`apis`)")
+        },
+        "/v1/messages/count_tokens": {
+            "post": _messages_op(
+                "Anthropic token counting: one attempt at one eligible connection, no fallback, counted by no layer"
+            )
+        },
         "/v1/chat/completions": {"post": _proxy_op("OpenAI chat completions, routed through the engine")},
         "/v1/completions": {"post": _proxy_op("OpenAI completions, routed through the engine")},
         "/v1/embeddings": {"post": _proxy_op("OpenAI embeddings, routed through the engine")},

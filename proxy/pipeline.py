@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from starlette.requests import ClientDisconnect, Request
@@ -24,19 +24,36 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy import untrusted
-from proxy.config import Config
-from proxy.engine import Attempt, Engine, NoTarget, Recorded, Target
+from proxy.apis import (
+    CLIENT_HEADERS,
+    ENDPOINT_API,
+    ErrorSpotter,
+    EventKind,
+    StreamError,
+    anthropic_error_body,
+    anthropic_sse_error,
+    auth_headers,
+    event_kind,
+    response_id,
+    responses_sse_error,
+    stream_error,
+)
+from proxy.config import Config, ProviderConfig
+from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.limiter import Ticket
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
-from proxy.responses import error_response, sse_error
+from proxy.responses import ErrorResponse, error_response, sse_error
 from proxy.router import Router
 from proxy.scrub import Scrubber, StreamScrubber
 from proxy.sse import SSEParser
 from proxy.upstream import MAX_ERROR_BODY, UpstreamClient, UpstreamFailure, UpstreamResponse
+
+if TYPE_CHECKING:
+    from proxy.owners import ResponseOwners
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 CLASSIFIED_ERROR_BYTES = 64 * 1024
@@ -47,6 +64,9 @@ WAIT_SLACK_MS = 50.0
 _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
+GATE_LIMIT_BYTES = 256 * 1024
+"""How much of a Messages or Responses stream's preamble is held back while waiting for its first
+content (an error event before content still falls back); past it the stream is committed."""
 
 
 class BodyTooLarge(Exception):
@@ -85,6 +105,41 @@ class _Progress:
     client_retry_ms: int | None = None
     waits: int = 0
     waited_ms: float = 0.0
+    api_skips: tuple[Skip, ...] = ()
+    """Targets left out before the first attempt because their provider does not speak the API."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """One request of a passed-through wire API (Messages, Responses): what differs from chat."""
+
+    api: str
+    client_headers: Mapping[str, str]
+    """The client's own `anthropic-version` / `anthropic-beta`, passed upstream."""
+    owners: ResponseOwners | None
+    """Where a Responses API answer's id is remembered (None: not the Responses API)."""
+
+    def sse_error(self, message: str, code: str) -> bytes:
+        return (anthropic_sse_error if self.api == "messages" else responses_sse_error)(message, code)
+
+    def seen(self, connection_id: str, data: Mapping[str, Any] | None) -> None:
+        """An answer (or a stream's preamble event) went by: remember the response id it names."""
+        if self.owners is not None:
+            ident = response_id(data)
+            if ident is not None:
+                self.owners.remember(ident, connection_id)
+
+
+def upstream_headers(
+    provider: ProviderConfig, api_key: str | None, wire: Wire | None
+) -> tuple[Mapping[str, str], Mapping[str, str] | None, str | None]:
+    """(extra headers, credential headers, bearer key) for a provider with another auth style or a
+    passed-through API: the client's Anthropic headers travel, its credentials never do."""
+    client = wire.client_headers if wire is not None else {}
+    extra = {**provider.headers, **client} if client else provider.headers
+    if provider.auth == "bearer":
+        return extra, None, api_key
+    return extra, auth_headers(provider.auth, api_key, client.get("anthropic-version")), None
 
 
 class Pipeline:
@@ -95,8 +150,23 @@ class Pipeline:
         self.upstream = upstream
         self.waiting = 0
         """Requests waiting out a cooldown right now (cooldown-aware retry)."""
+        self.owners: ResponseOwners | None = None
+        """Which connection created each Responses API response (set by the runtime)."""
+        self._mute: dict[str, frozenset[str]] = {
+            api: frozenset(p.id for p in config.providers.values() if api not in p.apis)
+            for api in set(ENDPOINT_API.values())
+        }
+        """API -> the providers that do not speak it (mostly empty: checked only when not)."""
 
     # ------------------------------------------------------------------ entry point
+
+    async def handle_messages(self, request: Request) -> Response:
+        """`/v1/messages`: `handle`, with the proxy's own errors in Anthropic's shape (an upstream's
+        error is relayed as it came, already in that shape)."""
+        response = await self.handle(request, "messages")
+        if isinstance(response, ErrorResponse):
+            return response.reshaped(anthropic_error_body(response.status_code, response.message))
+        return response
 
     async def handle(self, request: Request, endpoint: str) -> Response:
         try:
@@ -143,13 +213,36 @@ class Pipeline:
                 "connection_not_found",
             )
         session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+        targets = route.targets
+        api = ENDPOINT_API[endpoint]
+        mute = self._mute[api]
+        skips: tuple[Skip, ...] = ()
+        if mute and any(t.provider in mute for t in targets):
+            skips = tuple(
+                Skip(str(t), None, f"does not speak {api}", None, False)
+                for t in targets
+                if t.provider in mute
+            )
+            targets = [t for t in targets if t.provider not in mute]
+            if not targets:
+                why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
+                return error_response(
+                    404,
+                    f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
+                    "model_not_found",
+                    skipped=[s.to_dict(0) for s in skips],
+                )
+        wire = None
+        if api in ("messages", "responses"):
+            client = {h: request.headers[h] for h in CLIENT_HEADERS if h in request.headers}
+            wire = Wire(api, client, self.owners if api == "responses" else None)
 
         stats = self.engine.stats
         stats.started()
         response: Response | None = None
         try:
             response = await _while_connected(
-                request, self._route(endpoint, rest, route.targets, stream, session)
+                request, self._route(endpoint, rest, targets, stream, session, skips, wire)
             )
             return response
         finally:
@@ -167,9 +260,11 @@ class Pipeline:
         targets: list[Target],
         stream: bool,
         session: str | None,
+        skips: tuple[Skip, ...] = (),
+        wire: Wire | None = None,
     ) -> Response:
         engine = self.engine
-        progress = _Progress()
+        progress = _Progress(api_skips=skips)
         while True:
             decision = engine.select(targets, tried=progress.tried, session=session)
             if isinstance(decision, NoTarget):
@@ -177,7 +272,7 @@ class Pipeline:
                     return self._unavailable(decision, progress, targets)
                 progress.tried.clear()
                 continue
-            response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session)
+            response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session, wire)
             if response is not None:
                 return response
             progress.tried.append(decision.connection.spec.id)
@@ -218,6 +313,7 @@ class Pipeline:
         progress: _Progress,
         targets: list[Target],
         session: str | None,
+        wire: Wire | None = None,
     ) -> Response | None:
         """Run one attempt. A Response ends the request; None means: fall back to the next candidate.
 
@@ -232,15 +328,19 @@ class Pipeline:
         progress.attempted_targets.add(str(attempt.target))
         headers = self._route_headers(attempt, progress, targets)
         data = _with_model(attempt.target.model, rest)
-        url = f"{self.config.providers[provider.spec.id].base_url}/{endpoint}"
+        provider_config = self.config.providers[provider.spec.id]
+        url = f"{provider_config.base_url}/{endpoint}"
         conn_config = self.config.connection(conn.spec.id)
         api_key = conn_config.api_key if conn_config else None
-        extra = self.config.providers[provider.spec.id].headers
+        extra = provider_config.headers
+        credentials = None
+        if wire is not None or provider_config.auth != "bearer":
+            extra, credentials, api_key = upstream_headers(provider_config, api_key, wire)
 
         scope = _AttemptScope(engine, attempt, session)
         try:
             try:
-                upstream = await self._dispatch(scope, url, data, api_key, extra)
+                upstream = await self._dispatch(scope, url, data, api_key, extra, credentials)
             except QueueFull:
                 scope.finish(Outcome.local("request queue full"))
                 return _answer(
@@ -270,40 +370,20 @@ class Pipeline:
 
             if upstream.status >= 400:
                 raw, whole = await upstream.read_error_body()
-                text = scrub(raw[:CLASSIFIED_ERROR_BYTES].decode("utf-8", "replace"))
-                recorded = scope.finish(Outcome(OutcomeKind.STATUS, upstream.status, upstream.headers, text))
-                status = recorded.status or upstream.status
-                if recorded.client_retry_after_ms is not None:
-                    progress.client_retry_ms = recorded.client_retry_after_ms
-                passthrough_headers = dict(headers)
-                for name in ("retry-after", "retry-after-ms"):
-                    value = upstream.headers.get(name)
-                    if value is not None and _RETRY_HINT.fullmatch(value):  # a number or a date, nothing else
-                        passthrough_headers[name] = value
-                if recorded.client_retry_after_ms is not None:
-                    passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
-                if whole:
-                    reply = Response(
-                        scrub.error_bytes(raw),
-                        status_code=status,
-                        media_type=scrub(upstream.content_type),
-                        headers=passthrough_headers,
-                    )
-                else:
-                    reply = error_response(
-                        status,
-                        f"{conn.spec.id}: {upstream.status} with an error body larger than"
-                        f" {MAX_ERROR_BODY // (1024 * 1024)} MiB, not relayed",
-                        "upstream_error_too_large",
-                        headers=passthrough_headers,
-                    )
-                if recorded.verdict.fallback:
-                    progress.last_error = reply
-                    progress.last_failure = _UpstreamError(conn.spec.id, upstream.status, _error_words(text))
-                    return None
-                return reply
+                return self._upstream_error(
+                    scope,
+                    upstream.status,
+                    upstream.headers,
+                    upstream.content_type,
+                    raw,
+                    whole,
+                    progress,
+                    headers,
+                )
 
             if stream and upstream.content_type.startswith("text/event-stream"):
+                if wire is not None:
+                    return await self._start_gated(scope, upstream, headers, progress, wire)
                 return await self._start_stream(scope, upstream, headers, progress)
 
             try:
@@ -320,6 +400,8 @@ class Pipeline:
                 self._failed(scope, broken, progress, headers)
                 return None
             scope.finish(Outcome.ok(upstream.status))
+            if wire is not None and wire.owners is not None:
+                wire.seen(conn.spec.id, _json_object(content))
             return Response(
                 scrub.secrets(content),
                 status_code=upstream.status,
@@ -332,6 +414,54 @@ class Pipeline:
             if not scope.handed_off:
                 scope.close()
 
+    def _upstream_error(
+        self,
+        scope: _AttemptScope,
+        status_in: int,
+        upstream_headers: Mapping[str, str],
+        content_type: str,
+        raw: bytes,
+        whole: bool,
+        progress: _Progress,
+        headers: dict[str, str],
+    ) -> Response | None:
+        """An upstream's error answer (or a stream's error event before any content, as the status it
+        stands for): recorded, then relayed to the client, or None to fall back."""
+        scrub = self.engine.scrubber
+        conn = scope.attempt.connection
+        text = scrub(raw[:CLASSIFIED_ERROR_BYTES].decode("utf-8", "replace"))
+        recorded = scope.finish(Outcome(OutcomeKind.STATUS, status_in, upstream_headers, text))
+        status = recorded.status or status_in
+        if recorded.client_retry_after_ms is not None:
+            progress.client_retry_ms = recorded.client_retry_after_ms
+        passthrough_headers = dict(headers)
+        for name in ("retry-after", "retry-after-ms"):
+            value = upstream_headers.get(name)
+            if value is not None and _RETRY_HINT.fullmatch(value):  # a number or a date, nothing else
+                passthrough_headers[name] = value
+        if recorded.client_retry_after_ms is not None:
+            passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
+        if whole:
+            reply = Response(
+                scrub.error_bytes(raw),
+                status_code=status,
+                media_type=scrub(content_type),
+                headers=passthrough_headers,
+            )
+        else:
+            reply = error_response(
+                status,
+                f"{conn.spec.id}: {status_in} with an error body larger than"
+                f" {MAX_ERROR_BODY // (1024 * 1024)} MiB, not relayed",
+                "upstream_error_too_large",
+                headers=passthrough_headers,
+            )
+        if recorded.verdict.fallback:
+            progress.last_error = reply
+            progress.last_failure = _UpstreamError(conn.spec.id, status_in, _error_words(text))
+            return None
+        return reply
+
     async def _dispatch(
         self,
         scope: _AttemptScope,
@@ -339,6 +469,7 @@ class Pipeline:
         data: bytes,
         api_key: str | None,
         extra: Mapping[str, str],
+        credentials: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
         """Take the attempt's local places in order, then send it and wait for the response headers.
 
@@ -366,7 +497,9 @@ class Pipeline:
 
         dispatch = await ticket.dispatch(still_wanted) if ticket is not None else None
         engine.probe_alive(attempt)
-        send = self.upstream.send("POST", url, body=data, api_key=api_key, extra_headers=extra)
+        send = self.upstream.send(
+            "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
+        )
         if limiter is not None and dispatch is not None:
             upstream = await limiter.within_deadline(dispatch, send)
         else:
@@ -441,6 +574,126 @@ class Pipeline:
             headers=headers,
         )
 
+    async def _start_gated(
+        self,
+        scope: _AttemptScope,
+        upstream: UpstreamResponse,
+        headers: dict[str, str],
+        progress: _Progress,
+        wire: Wire,
+    ) -> Response | None:
+        """A Messages or Responses stream: its preamble (`message_start`, `response.created`) is held
+        back until the first content, so that an `error` event before any content still falls back
+        like a failed attempt; after content an `error` event is relayed and ends the stream, and
+        is recorded as the status it stands for (`overloaded_error` as 529...)."""
+        engine = self.engine
+        api = wire.api
+        chunks = upstream.chunks()
+        parser = SSEParser()
+        head: list[bytes] = []
+        held = 0
+        failed: StreamError | None = None
+        ended: StreamError | None = None  # an error event after content, in the same chunk
+        content = False
+        connection_id = scope.attempt.connection.spec.id
+        try:
+            while not content and failed is None and held <= GATE_LIMIT_BYTES:
+                chunk = await anext(chunks, b"")
+                if not chunk:
+                    break
+                head.append(chunk)
+                held += len(chunk)
+                for event in parser.feed(chunk):
+                    data = event.json_object()
+                    kind = event_kind(api, event.event, data)
+                    if kind == EventKind.ERROR:
+                        if content:
+                            ended = stream_error(api, data)
+                        else:
+                            failed = stream_error(api, data)
+                        break
+                    if kind == EventKind.CONTENT:
+                        content = True
+                    else:
+                        wire.seen(connection_id, data)
+        except UpstreamFailure as failure:
+            self._failed(scope, failure.outcome, progress, headers)
+            return None
+        if failed is not None:
+            return self._upstream_error(
+                scope,
+                failed.status,
+                upstream.headers,
+                "application/json",
+                failed.body,
+                True,
+                progress,
+                headers,
+            )
+        if not content and held <= GATE_LIMIT_BYTES:
+            outcome = Outcome.network("upstream ended the stream before any content")
+            self._failed(scope, outcome, progress, headers)
+            return None
+
+        watch = engine.settings.watchdog()
+        watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
+        attempt = scope.attempt
+        probe = attempt.probe
+        first = b"".join(head)
+
+        async def relay() -> AsyncGenerator[bytes, None]:
+            outcome: Outcome | None = None
+            try:
+                yield first
+                if ended is not None:
+                    outcome = _stream_failure(ended, engine.scrubber)
+                    return
+                if watchdog is not None:
+                    _observe(SSEParser(), watchdog, first, engine.clock.now())
+                # Without the watchdog nothing needs every event: the spotter finds an error
+                # event by its bytes and parses only from there (the relay keeps chat's pace).
+                spotter = ErrorSpotter(api, first) if watchdog is None else None
+                async for chunk in chunks:
+                    if probe:
+                        engine.probe_alive(attempt)
+                    error: StreamError | None = None
+                    if spotter is not None:
+                        error = spotter.feed(chunk)
+                    elif watchdog is not None:
+                        now = engine.clock.now()
+                        for event in parser.feed(chunk):
+                            data = event.json_object()
+                            watchdog.observe(data, now)
+                            if error is None and event_kind(api, event.event, data) == EventKind.ERROR:
+                                error = stream_error(api, data)
+                        if error is None and watchdog.should_abort(now):
+                            outcome = Outcome.stall("stream throughput below the watchdog minimum")
+                            yield wire.sse_error(
+                                "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                            )
+                            return
+                    yield chunk
+                    if error is not None:
+                        outcome = _stream_failure(error, engine.scrubber)
+                        return
+                outcome = Outcome.ok(upstream.status)
+            except UpstreamFailure as failure:
+                outcome = failure.outcome
+                yield wire.sse_error(
+                    f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
+                )
+            finally:
+                # Synchronous on purpose: this also runs on GeneratorExit from aclose().
+                scope.finish(outcome or Outcome.disconnect())
+
+        return _RelayResponse(
+            _scrubbed(relay(), engine.scrubber),
+            scope,
+            status_code=upstream.status,
+            media_type="text/event-stream",
+            headers=headers,
+        )
+
     # ------------------------------------------------------------------ answers
 
     def _failed(
@@ -489,11 +742,12 @@ class Pipeline:
         last = progress.last_error
         if decision.not_found_only and last is not None and last.status_code == 404:
             return last  # this request's own 404 locked the model: the client gets the upstream's answer
-        skipped = [s.to_dict(now) for s in decision.skips]
+        every = (*decision.skips, *progress.api_skips) if progress.api_skips else decision.skips
+        skipped = [s.to_dict(now) for s in every]
         why = "; ".join(
             f"{s.target}{'@' + s.connection_id if s.connection_id else ''}: {s.reason}"
             + (f" (retry in {max(0, int(s.retry_at - now))} ms)" if s.retry_at is not None else "")
-            for s in decision.skips
+            for s in every
         )
         if decision.not_found_only:
             # A model that every candidate answered 404 for is not found, and no
@@ -582,6 +836,20 @@ def _error_words(text: str) -> str:
 def _claims_json(content_type: str) -> bool:
     media = content_type.partition(";")[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _stream_failure(error: StreamError, scrub: Scrubber) -> Outcome:
+    """An error event after content: relayed as it came and the stream ends there; the attempt
+    counts as the status the event stands for (an `overloaded_error` is a 529 to every layer)."""
+    return Outcome(OutcomeKind.STATUS, error.status, {}, scrub(error.body.decode("utf-8", "replace")))
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _is_json(content: bytes) -> bool:

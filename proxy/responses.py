@@ -32,6 +32,23 @@ def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
     return untrusted.dumps({"error": error})
 
 
+class ErrorResponse(Response):
+    """An error the proxy itself answers (not an upstream's, which is relayed as it came): it keeps
+    its message, so a route of another wire API can say it in that API's shape (`reshaped`)."""
+
+    def __init__(self, status: int, message: str, body: bytes, headers: Mapping[str, str] | None) -> None:
+        super().__init__(body, status_code=status, media_type="application/json", headers=headers)
+        self.message = message
+
+    def reshaped(self, body: bytes) -> Response:
+        """The same answer (status, headers) with another body."""
+        response = Response(body, status_code=self.status_code, media_type="application/json")
+        response.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"] + [
+            (b"content-length", str(len(body)).encode())
+        ]
+        return response
+
+
 def error_response(
     status: int,
     message: str,
@@ -39,12 +56,9 @@ def error_response(
     *,
     headers: Mapping[str, str] | None = None,
     **extra: Any,
-) -> Response:
-    return Response(
-        error_body(status, message, code, **extra),
-        status_code=status,
-        media_type="application/json",
-        headers=dict(headers) if headers else None,
+) -> ErrorResponse:
+    return ErrorResponse(
+        status, message, error_body(status, message, code, **extra), dict(headers) if headers else None
     )
 
 

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__
+from proxy.apis import auth_headers
 from proxy.config import Config
 from proxy.engine import ConnectionSpec, Engine, ProviderSpec
+from proxy.owners import ResponseOwners
 from proxy.pipeline import Pipeline
 from proxy.readmodel import ReadModel
 from proxy.resilience.clock import Clock, SystemClock
@@ -100,6 +102,9 @@ class Runtime:
             probe_timeout_ms=config.server.first_byte_timeout_ms,
             scrubber=self.scrubber,
         )
+        self.owners = ResponseOwners(self.clock, store)
+        """Which connection created each Responses API response (for its follow-up routes)."""
+        self.owners.take(stored.pins, self.engine.connections)  # before the engine reads the pins
         self.engine.restore(stored)
         server = config.server
         self.upstream = UpstreamClient(
@@ -107,6 +112,7 @@ class Runtime:
         )
         self.router = Router(config, self.engine, self._list_models)
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
+        self.pipeline.owners = self.owners
         self.read = ReadModel(self.engine, self.bus, self.version)
         """What observers (the console) read: frozen views, never the engine's live objects."""
         self.stream = StreamHub(self.engine, self.bus, self.settings, self.version)
@@ -157,7 +163,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._persist_task
             self._persist_task = None
-        self.engine.persist()
+        self._persist()
         await asyncio.to_thread(self.store.close)
         await self.upstream.close()
 
@@ -165,9 +171,13 @@ class Runtime:
         while True:
             await asyncio.sleep(PERSIST_INTERVAL_S)
             try:
-                self.engine.persist()
+                self._persist()
             except Exception:  # the store reports its own errors; the loop must survive them
                 log.exception("could not persist engine state")
+
+    def _persist(self) -> None:
+        self.engine.persist()
+        self.owners.persist()
 
     # ------------------------------------------------------------------ settings
 
@@ -210,12 +220,15 @@ class Runtime:
     async def _list_models(self, provider: str) -> list[str] | None:
         config = self.config.providers[provider]
         conn = next((c for c in config.connections if c.enabled), None)
+        key = conn.api_key if conn else None
+        bearer = config.auth == "bearer"
         try:
             response = await self.upstream.send(
                 "GET",
                 f"{config.base_url}/models",
                 body=None,
-                api_key=conn.api_key if conn else None,
+                api_key=key if bearer else None,
+                credentials=None if bearer else auth_headers(config.auth, key, None),
                 extra_headers=config.headers,
                 first_byte_ms=2000,
             )

@@ -163,8 +163,13 @@ class UpstreamClient:
         api_key: str | None,
         extra_headers: Mapping[str, str] | None = None,
         first_byte_ms: float | None = None,
+        credentials: Mapping[str, str] | None = None,
     ) -> UpstreamResponse:
-        """Send one request and return once the response headers are in."""
+        """Send one request and return once the response headers are in.
+
+        `api_key` travels as `Authorization: Bearer`; a provider with another auth style passes
+        `api_key=None` and its `credentials` headers instead (`proxy.apis.auth_headers`), which
+        are set last so that no configured header can replace them."""
         if self._session is None:
             await self.start()
         assert self._session is not None
@@ -173,6 +178,8 @@ class UpstreamClient:
             headers.update(extra_headers)
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
+        if credentials:
+            headers.update(credentials)
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
         try:
             async with asyncio.timeout(limit):

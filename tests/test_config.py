@@ -127,6 +127,32 @@ def test_embedded_default_has_the_four_local_servers() -> None:
     assert config.connection("nope") is None
 
 
+def test_builtin_local_servers_speak_what_their_docs_say_and_others_speak_openais_three() -> None:
+    config = embedded_default()
+    base = {"chat", "completions", "embeddings"}
+    assert config.providers["ollama"].apis == base | {"responses", "messages"}
+    assert config.providers["lmstudio"].apis == base | {"responses", "messages"}
+    assert config.providers["vllm"].apis == base | {"responses", "messages"}
+    assert config.providers["llamacpp"].apis == base | {"messages"}
+    assert all(p.auth == "bearer" for p in config.providers.values())
+
+
+def test_apis_and_auth_are_read(tmp_path: Path) -> None:
+    text = (
+        '[providers.anthropic]\nclass = "apikey"\nbase_url = "https://api.anthropic.com/v1"\n'
+        'apis = ["messages"]\nauth = "x-api-key"\n[[providers.anthropic.connections]]\nid = "c"\n'
+        '[providers.openai]\nclass = "apikey"\nbase_url = "https://api.openai.com/v1"\n'
+        '[[providers.openai.connections]]\nid = "o"\n'
+        '[providers.ollama]\napis = ["chat"]\n[[providers.ollama.connections]]\nid = "l"\n'
+    )
+    config = load_config(write(tmp_path, text), {}, explicit=True)
+    assert config.providers["anthropic"].apis == {"messages"}
+    assert config.providers["anthropic"].auth == "x-api-key"
+    assert config.providers["openai"].apis == {"chat", "completions", "embeddings"}
+    assert config.providers["openai"].auth == "bearer"
+    assert config.providers["ollama"].apis == {"chat"}  # what the file says wins over the built-in
+
+
 def test_missing_default_file_falls_back_to_the_embedded_default(tmp_path: Path) -> None:
     assert load_config(None, {}).providers.keys() == embedded_default().providers.keys()
     config = load_config(tmp_path / "absent.toml", {}, explicit=False)
@@ -430,6 +456,27 @@ def test_fingerprint_follows_the_key_and_repr_hides_it() -> None:
             id="name-with-bidi-override",
         ),
         pytest.param(
+            MINIMAL_PROVIDER.replace("[[", 'apis = ["chat", "mesages"]\n[[', 1),
+            "providers.openai.apis[1]: must be one of chat, completions, embeddings, responses, messages"
+            " (got 'mesages'; did you mean 'messages'?)",
+            id="apis-typo",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace("[[", "apis = []\n[[", 1),
+            "providers.openai.apis: must list at least one of chat, completions, embeddings, responses, messages",
+            id="apis-empty",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace("[[", 'apis = "messages"\n[[', 1),
+            "providers.openai.apis: must be an array of strings (got a string)",
+            id="apis-not-a-list",
+        ),
+        pytest.param(
+            MINIMAL_PROVIDER.replace("[[", 'auth = "x_api_key"\n[[', 1),
+            "providers.openai.auth: must be one of bearer, x-api-key (got 'x_api_key')",
+            id="auth",
+        ),
+        pytest.param(
             MINIMAL_PROVIDER + "max_concurrent = 0\n",
             "providers.openai.connections[0].max_concurrent: must be an integer between 1 and 10,000 (got 0)",
             id="max-concurrent",
@@ -565,6 +612,17 @@ def test_starter_config_for_detected_servers_loads_back(tmp_path: Path) -> None:
     assert config.providers["llamacpp"].base_url == "http://127.0.0.1:8080/v1"
     assert (config.server.host, config.server.port) == ("127.0.0.1", 20128)
     assert config.combos == {}
+
+
+def test_the_starter_configs_anthropic_example_loads_when_uncommented(tmp_path: Path) -> None:
+    text = render_starter_config({})
+    start = text.index("# [providers.anthropic]")
+    block = text[start : text.index("\n\n", start)]
+    live = "\n".join(line.removeprefix("# ") for line in block.splitlines())
+    config = load_config(write(tmp_path, live), {"ANTHROPIC_API_KEY": "sk-ant"}, explicit=True)
+    anthropic = config.providers["anthropic"]
+    assert (anthropic.apis, anthropic.auth) == ({"messages"}, "x-api-key")
+    assert anthropic.connections[0].api_key == "sk-ant"
 
 
 def test_starter_config_with_nothing_detected_matches_the_embedded_default(tmp_path: Path) -> None:

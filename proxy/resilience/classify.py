@@ -155,7 +155,7 @@ _NETWORK = _pair(_B.FAILURE, _C.COOLDOWN, "network_error")
 _STALL = _pair(_B.FAILURE, _C.COOLDOWN, "stall")
 _TIMEOUT = _pair(_B.FAILURE, _C.COOLDOWN, "timeout")
 _SERVER = _pair(_B.FAILURE, _C.COOLDOWN, "server_error")
-# A 5xx outside the breaker's list (501, 505, 529...): not a provider-level failure, but the
+# A 5xx outside the breaker's list (501, 505...): not a provider-level failure, but the
 # client did nothing wrong, so another target may serve; it locks only if the operator lists it.
 _OTHER_SERVER = _pair(_B.NONE, _C.NONE, "server_error")
 _BANNED_V = Verdict(_B.NONE, _C.BANNED, _L.NONE, True, "banned", False)
@@ -173,7 +173,8 @@ _UNEXPECTED = Verdict(_B.NONE, _C.NONE, _L.NONE, False, "unexpected_status", Fal
 _LOCAL = Verdict(_B.NONE, _C.NONE, _L.NONE, False, "local_rejection", False)
 _DISCONNECT = Verdict(_B.NONE, _C.NONE, _L.NONE, False, "client_disconnect", False)
 
-_SERVER_STATUSES = frozenset((500, 502, 503, 504))
+# 529 is Anthropic's `overloaded_error`: the same news as a 503.
+_SERVER_STATUSES = frozenset((500, 502, 503, 504, 529))
 _ACCOUNT_STATUSES = frozenset((401, 402, 403, 429))
 
 

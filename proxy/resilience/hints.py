@@ -2,7 +2,8 @@
 
 Forms, first found wins (docs/resilience.md#connection-cooldown): `retry-after-ms`, `retry-after`
 (seconds or an HTTP date), `x-ratelimit-reset-requests` / `x-ratelimit-reset-tokens` (Go durations such as
-"6m0s"), `x-ratelimit-reset` (an epoch), then phrases in the error body ("try again in 20s").
+"6m0s"), `x-ratelimit-reset` (an epoch), Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,
+output-tokens}-reset` (RFC 3339 times), then phrases in the error body ("try again in 20s").
 A value that is negative or does not parse is skipped so the next form still gets its chance.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 MAX_HINT_MS: float = 24 * 3600 * 1000
@@ -84,8 +85,38 @@ def _from_headers(headers: Mapping[str, str], now: float) -> float | None:
                 return hint
     value = headers.get("x-ratelimit-reset")
     if value is not None:
-        return _epoch_reset(value, now)
+        hint = _epoch_reset(value, now)
+        if hint is not None:
+            return hint
+    for name in _ANTHROPIC_RESETS:
+        value = headers.get(name)
+        if value is not None:
+            hint = _rfc3339(value, now)
+            if hint is not None:
+                return hint
     return None
+
+
+_ANTHROPIC_RESETS = (
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-input-tokens-reset",
+    "anthropic-ratelimit-output-tokens-reset",
+)
+
+
+def _rfc3339(value: str, now: float) -> float | None:
+    """Milliseconds until an RFC 3339 time ("2026-12-01T06:30:00Z"); None when it is not one."""
+    text = value.strip()
+    if not 20 <= len(text) <= 40 or text[4:5] != "-" or text[10:11] not in ("T", "t", " "):
+        return None
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1] in "Zz" else text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:  # RFC 3339 always names the offset; a bare local time is not one
+        return None
+    return max(0.0, when.timestamp() * 1000.0 - now)
 
 
 def _number(text: str) -> float | None:

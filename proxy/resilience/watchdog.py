@@ -54,12 +54,20 @@ class Activity(Enum):
 _RESPONSES_TEXT = "response.output_text.delta"
 _RESPONSES_SUSPEND = ("response.function_call_arguments.delta", "response.reasoning")  # prefixes
 _RESPONSES_FINISH = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# Anthropic Messages: text arrives as `content_block_delta` with a `text_delta`; tool input
+# (`input_json_delta`) and thinking (`thinking_delta`, `signature_delta`) suspend, as does the start
+# of a block that is not text; `message_delta` (the stop reason) and `message_stop` finish.
+_MESSAGES_DELTA = "content_block_delta"
+_MESSAGES_FINISH = frozenset({"message_delta", "message_stop"})
+_MESSAGES_SUSPEND_DELTAS = frozenset({"input_json_delta", "thinking_delta", "signature_delta"})
 
 
 def useful_bytes(event: Mapping[str, object]) -> tuple[int, Activity]:
     """UTF-8 length of the assistant text in one parsed SSE JSON event, and what the event means.
 
     Chat: the `choices[].delta.content` strings. Responses API: `response.output_text.delta`.
+    Messages API: `content_block_delta` text deltas; its tool-input and thinking deltas and the
+    start of a non-text block suspend, `message_delta` / `message_stop` finish.
     Tool-call deltas (`delta.tool_calls`, legacy `delta.function_call`,
     `response.function_call_arguments.delta`) and reasoning deltas (`delta.reasoning_content`,
     `delta.reasoning`, `response.reasoning*`) → SUSPEND. A choice with a `finish_reason` (or
@@ -76,6 +84,14 @@ def useful_bytes(event: Mapping[str, object]) -> tuple[int, Activity]:
         if kind.startswith(_RESPONSES_SUSPEND):
             return 0, Activity.SUSPEND
         if kind in _RESPONSES_FINISH:
+            return 0, Activity.FINISH
+        if kind == _MESSAGES_DELTA:
+            return _messages_delta(event.get("delta"))
+        if kind == "content_block_start":
+            block = event.get("content_block")
+            is_text = isinstance(block, Mapping) and block.get("type") == "text"
+            return (0, Activity.NONE) if is_text else (0, Activity.SUSPEND)
+        if kind in _MESSAGES_FINISH:
             return 0, Activity.FINISH
     choices = event.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -100,6 +116,18 @@ def useful_bytes(event: Mapping[str, object]) -> tuple[int, Activity]:
     if suspend:
         return size, Activity.SUSPEND
     return (size, Activity.TEXT) if size else (0, Activity.NONE)
+
+
+def _messages_delta(delta: object) -> tuple[int, Activity]:
+    if not isinstance(delta, Mapping):
+        return 0, Activity.NONE
+    kind = delta.get("type")
+    if kind == "text_delta":
+        text = delta.get("text")
+        return (_utf8_len(text), Activity.TEXT) if isinstance(text, str) and text else (0, Activity.NONE)
+    if kind in _MESSAGES_SUSPEND_DELTAS:
+        return 0, Activity.SUSPEND
+    return 0, Activity.NONE
 
 
 def _suspends(delta: Mapping[str, object]) -> bool:

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tests.fakes import dialects
 from tests.fakes.server import TRANSPORT_SCOPE_KEY
 
 __all__ = ["FakeUpstream", "RecordedRequest", "Reply", "ReplyKind"]
@@ -39,6 +40,7 @@ ReplyKind = Literal[
     "hang",
     "stream",
     "stream_die",
+    "stream_error",
     "stream_pings",
     "slow_headers",
     "reset_after_headers",
@@ -62,6 +64,9 @@ class Reply:
     - stream: SSE of `chunks` chat.completion.chunk events (delta.content = `chunk_text`), `delay_ms`
       apart, then a finish_reason "stop" chunk and `data: [DONE]`.
     - stream_die: like stream, but the connection is closed after `die_after` chunks (truncated body).
+    - stream_error: like stream_die, but after `die_after` text deltas (0: before any content) the
+      stream sends its API's `error` event (`body`, else one for `status`: 529 is Anthropic's
+      overloaded_error) and ends. On /v1/chat/completions the event is `data: {"error": ...}`.
     - stream_pings: SSE that only sends `: ping` comments every `delay_ms` (1 s when 0), forever.
     - reset_after_headers: a 200 with the headers of the answer the request asked for (SSE when it
       has `"stream": true`, else JSON), then a TCP reset before any byte of the body.
@@ -101,6 +106,11 @@ class RecordedRequest:
 class FakeUpstream:
     """An OpenAI-compatible server whose replies tests script.
 
+    It also speaks Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`) and OpenAI's
+    Responses API (`/v1/responses`, whose responses it keeps in `responses` so that GET, DELETE and
+    `/cancel` on `/v1/responses/{id}` find them; another fake answers 404 for them), in their own
+    bodies, events and error shapes (tests/fakes/dialects.py).
+
     Each completion request gets, in order of precedence: the `by_model` rule for its model, the next
     `script`ed reply (FIFO, consumed), or the `default` (initially a json 200). GET /v1/models always
     lists `models`. Every request, unknown paths included, is recorded in `requests`.
@@ -125,10 +135,17 @@ class FakeUpstream:
         self._default = JSON_OK
         self._release = _Release()
         self._ids = itertools.count(1)
+        self.responses: dict[str, dict[str, Any]] = {}
+        """Responses API objects this fake created, by id."""
         routes = [
             Route("/v1/chat/completions", self._complete, methods=["POST"]),
             Route("/v1/completions", self._complete, methods=["POST"]),
             Route("/v1/embeddings", self._complete, methods=["POST"]),
+            Route("/v1/messages", self._complete, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._complete, methods=["POST"]),
+            Route("/v1/responses", self._complete, methods=["POST"]),
+            Route("/v1/responses/{ident}", self._response, methods=["GET", "DELETE"]),
+            Route("/v1/responses/{ident}/cancel", self._response, methods=["POST"]),
             Route("/v1/models", self._list_models, methods=["GET"]),
             Route("/{path:path}", self._not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ]
@@ -203,11 +220,18 @@ class FakeUpstream:
         reply = self._pick(model)
         if request.scope[_GENERATION_KEY] != self._release.generation:
             reply = Reply("reset")  # reset() came while we read the body: cut it like every request in flight
-        call = _Call(request.url.path.removeprefix("/v1"), model or "", self.name, payload, next(self._ids))
+        call = _Call(
+            request.url.path.removeprefix("/v1"),
+            model or "",
+            self.name,
+            payload,
+            next(self._ids),
+            self.responses,
+        )
         if reply.kind == "json":
             return _json_response(reply, call)
         if reply.kind == "error":
-            body = reply.body if reply.body is not None else _openai_error(reply.status, self.name)
+            body = reply.body if reply.body is not None else call.error(reply.status)
             return _body_response(body, reply)
         if reply.kind == "invalid_json":
             return Response(b'{"id": "broken", "choices": [{"mess', media_type="application/json")
@@ -223,6 +247,23 @@ class FakeUpstream:
             await asyncio.sleep(self.models_delay_ms / 1000)
         data = [{"id": m, "object": "model", "created": 0, "owned_by": self.name} for m in self.models]
         return JSONResponse({"object": "list", "data": data})
+
+    async def _response(self, request: Request) -> Response:
+        """GET / DELETE /v1/responses/{id} and POST .../cancel, on the responses this fake created."""
+        await self._record(request)
+        ident = request.path_params["ident"]
+        found = self.responses.get(ident)
+        if found is None:
+            body = _openai_error(404, self.name)
+            body["error"]["message"] = f"{self.name}: no response {ident!r}"
+            return JSONResponse(body, status_code=404)
+        if request.method == "DELETE":
+            del self.responses[ident]
+            return JSONResponse({"id": ident, "object": "response", "deleted": True})
+        if request.url.path.endswith("/cancel"):
+            found = found | {"status": "cancelled"}
+            self.responses[ident] = found
+        return JSONResponse(found)
 
     async def _not_found(self, request: Request) -> Response:
         await self._record(request)
@@ -309,12 +350,35 @@ class _Call:
     upstream: str
     payload: Any
     seq: int
+    responses: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
     @property
     def wants_stream(self) -> bool:
         return isinstance(self.payload, dict) and self.payload.get("stream") is True
 
+    @property
+    def ident(self) -> str:
+        prefix = "msg" if self.endpoint == dialects.MESSAGES else "resp"
+        return f"{prefix}_{self.upstream}_{self.seq}"
+
+    @property
+    def text(self) -> str:
+        return f"hello from {self.upstream}"
+
+    def error(self, status: int) -> dict[str, Any]:
+        if self.endpoint.startswith(dialects.MESSAGES):
+            return dialects.anthropic_error(status, self.upstream)
+        return _openai_error(status, self.upstream)
+
     def completion(self) -> dict[str, Any]:
+        if self.endpoint == dialects.MESSAGES:
+            return dialects.message(self.ident, self.model, self.text)
+        if self.endpoint == dialects.COUNT_TOKENS:
+            return {"input_tokens": 7}
+        if self.endpoint == dialects.RESPONSES:
+            created = dialects.response(self.ident, self.model, self.text)
+            self.responses[self.ident] = created
+            return created
         created = int(time.time())
         usage = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
         text = f"hello from {self.upstream}"
@@ -335,6 +399,11 @@ class _Call:
 
     def chunk(self, text: str | None, *, first: bool) -> bytes:
         """One SSE event; `text=None` makes the closing chunk (finish_reason "stop")."""
+        if self.endpoint in dialects.DIALECTS:
+            opening = self.opening() + dialects.first_content(self.endpoint, self.ident) if first else b""
+            if text is None:
+                return opening
+            return opening + dialects.delta(self.endpoint, self.ident, text)
         finish = None if text is not None else "stop"
         if self.endpoint == "/completions":
             choice: dict[str, Any] = {"index": 0, "text": text or "", "finish_reason": finish}
@@ -346,6 +415,26 @@ class _Call:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             event = self._envelope("chatcmpl", "chat.completion.chunk", int(time.time()), choice)
         return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+    def opening(self) -> bytes:
+        """What a Messages or Responses stream sends before any content (empty for chat)."""
+        if self.endpoint not in dialects.DIALECTS:
+            return b""
+        if self.endpoint == dialects.RESPONSES:
+            self.responses[self.ident] = dialects.response(self.ident, self.model, self.text)
+        return dialects.head(self.endpoint, self.ident, self.model)
+
+    def ending(self, chunks: int, chunk_text: str) -> bytes:
+        """The stream's normal end after `chunks` deltas (chat: the finish chunk and `[DONE]`)."""
+        if self.endpoint in dialects.DIALECTS:
+            opening = self.chunk(None, first=True) if chunks == 0 else b""
+            return opening + dialects.tail(self.endpoint, self.ident, self.model, chunk_text * chunks)
+        return self.chunk(None, first=chunks == 0) + b"data: [DONE]\n\n"
+
+    def error_event(self, status: int, body: Any) -> bytes:
+        if self.endpoint in dialects.DIALECTS:
+            return dialects.error_event(self.endpoint, status, self.upstream, body)
+        return b"data: " + json.dumps(body if body is not None else self.error(status)).encode() + b"\n\n"
 
     def _envelope(self, prefix: str, obj: str, created: int, choice: dict[str, Any]) -> dict[str, Any]:
         ident = f"{prefix}-{self.upstream}-{self.seq}"
@@ -376,7 +465,7 @@ def _json_response(reply: Reply, call: _Call) -> Response:
     if reply.body is not None:
         return _body_response(reply.body, reply)
     # A success body under an error status would be a confusing fake: fail like a real server.
-    body = call.completion() if reply.status < 400 else _openai_error(reply.status, call.upstream)
+    body = call.completion() if reply.status < 400 else call.error(reply.status)
     return _body_response(body, reply)
 
 
@@ -409,7 +498,8 @@ class _Act:
         else:
             headers = {"content-type": "text/event-stream", "cache-control": "no-cache"} | reply.headers
             raw_headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-            await send({"type": "http.response.start", "status": reply.status, "headers": raw_headers})
+            status = 200 if reply.kind == "stream_error" else reply.status  # the event carries the error
+            await send({"type": "http.response.start", "status": status, "headers": raw_headers})
             outcome = await _race(scope, receive, self.release, self._stream(send))
             if outcome == "released" or (outcome == "done" and reply.kind == "stream_die"):
                 await _drop(scope, receive, reset=False)
@@ -425,7 +515,7 @@ class _Act:
         reply, call = self.reply, self.call
         if call.wants_stream:
             events = [call.chunk(reply.chunk_text, first=i == 0) for i in range(reply.chunks)]
-            body = b"".join(events) + call.chunk(None, first=not events) + b"data: [DONE]\n\n"
+            body = b"".join(events) + call.ending(reply.chunks, reply.chunk_text)
         else:
             body = json.dumps(call.completion()).encode()
         step = max(1, reply.drip_bytes)
@@ -442,15 +532,20 @@ class _Act:
             while True:
                 await asyncio.sleep(delay or 1.0)
                 await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
-        count = reply.die_after if reply.kind == "stream_die" else reply.chunks
+        count = reply.die_after if reply.kind in ("stream_die", "stream_error") else reply.chunks
         for i in range(count):
             if i:
                 await asyncio.sleep(delay)
             event = call.chunk(reply.chunk_text, first=i == 0)
             await send({"type": "http.response.body", "body": event, "more_body": True})
         if reply.kind == "stream":
-            tail = call.chunk(None, first=count == 0) + b"data: [DONE]\n\n"
+            tail = call.ending(count, reply.chunk_text)
             await send({"type": "http.response.body", "body": tail, "more_body": False})
+        elif reply.kind == "stream_error":
+            opening = call.opening() if count == 0 else b""
+            status = reply.status if reply.status >= 400 else 529
+            event = opening + call.error_event(status, reply.body)
+            await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
 Outcome = Literal["done", "disconnected", "released"]

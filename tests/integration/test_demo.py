@@ -66,6 +66,10 @@ def conditions(runtime: Runtime, events: list[Event], traffic: DemoTraffic) -> d
         "twokeys-dead expired": engine.connections["twokeys-dead"].health.status(now) == "expired",
         "twokeys-live served": traffic.served_by.get("twokeys", 0) > 0,
         "healthy served": traffic.served_by.get("healthy", 0) > 0,
+        "claude served messages": traffic.served_by.get("claude", 0) > 0,
+        "a claude key cooled after a 529": any(
+            e.layer == "connection" and e.key.startswith("claude-") and e.to == "cooling" for e in events
+        ),
     }
 
 
@@ -136,7 +140,7 @@ async def test_demo_moves_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     assert response.status_code == 200
     health = response.json()
     assert set(health["providerHealth"]) == set(demo.UPSTREAM_KINDS)
-    assert health["connections"]["total"] == 7
+    assert health["connections"]["total"] == 9
     assert health["connections"]["terminal"] >= 1  # twokeys-dead
     assert [
         (lock["provider"], lock["connectionId"], lock["model"], lock["reason"]) for lock in health["lockouts"]

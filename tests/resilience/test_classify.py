@@ -351,12 +351,14 @@ ROWS = [
     ),
     # outside the table (decisions noted in classify.py)
     ("501", Outcome.http(501), False, ON, Verdict(B.NONE, C.NONE, L.NONE, True, "server_error", True)),
+    # 529 is Anthropic's overloaded_error: like 503, a breaker failure and a cooldown; locks if listed
+    ("529", Outcome.http(529), False, ON, Verdict(B.FAILURE, C.COOLDOWN, L.NONE, True, "server_error", True)),
     (
         "529-listed",
         Outcome.http(529),
         False,
         LockoutSettings(enabled=True, error_codes=(529,)),
-        Verdict(B.NONE, C.NONE, L.LOCK, True, "server_error", True),
+        Verdict(B.FAILURE, C.COOLDOWN, L.LOCK, True, "server_error", True),
     ),
     ("302", Outcome.http(302), False, ON, Verdict(B.NONE, C.NONE, L.NONE, False, "unexpected_status", False)),
 ]

@@ -47,6 +47,12 @@ def test_max_hint_is_24_hours() -> None:
         ({"x-ratelimit-reset": str(int(NOW) - 10_000)}, 0.0),
         # too small to be a current epoch: read as seconds until the reset
         ({"x-ratelimit-reset": "60"}, 60_000.0),
+        # Anthropic's resets: RFC 3339 times, in any of its four names
+        ({"anthropic-ratelimit-requests-reset": "2026-01-01T00:00:42Z"}, 42_000.0),
+        ({"anthropic-ratelimit-tokens-reset": "2026-01-01T00:01:00.500Z"}, 60_500.0),
+        ({"anthropic-ratelimit-input-tokens-reset": "2026-01-01T01:00:05+01:00"}, 5_000.0),
+        ({"anthropic-ratelimit-output-tokens-reset": "2026-01-01T00:00:07z"}, 7_000.0),
+        ({"anthropic-ratelimit-requests-reset": "2025-12-31T23:59:00Z"}, 0.0),  # passed: no wait
     ],
 )
 def test_header_forms(headers: dict[str, str], expected: float) -> None:
@@ -76,6 +82,11 @@ def test_first_found_wins(headers: dict[str, str], expected: float) -> None:
     assert parse_retry_hint(headers, "", NOW) == expected
 
 
+def test_a_standard_hint_comes_before_anthropics_reset() -> None:
+    headers = {"retry-after": "5", "anthropic-ratelimit-requests-reset": "2026-01-01T00:01:00Z"}
+    assert parse_retry_hint(headers, "", NOW) == 5000.0
+
+
 def test_a_header_beats_the_body() -> None:
     assert parse_retry_hint({"retry-after": "3"}, "Please try again in 20s.", NOW) == 3000.0
 
@@ -96,6 +107,17 @@ def test_a_header_beats_the_body() -> None:
         ({"x-ratelimit-reset-requests": "1x", "x-ratelimit-reset-tokens": "2s"}, 2000.0),
         ({"x-ratelimit-reset-requests": "s", "x-ratelimit-reset-tokens": "2s"}, 2000.0),
         ({"x-ratelimit-reset-tokens": "", "x-ratelimit-reset": str(NOW_S + 4)}, 4000.0),
+        (
+            {"x-ratelimit-reset": "never", "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:03Z"},
+            3000.0,
+        ),
+        (
+            {
+                "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:03",  # no offset: not RFC 3339
+                "anthropic-ratelimit-tokens-reset": "2026-01-01T00:00:04Z",
+            },
+            4000.0,
+        ),
     ],
 )
 def test_garbage_falls_through_to_the_next_form(headers: dict[str, str], expected: float) -> None:
@@ -111,6 +133,9 @@ def test_garbage_falls_through_to_the_next_form(headers: dict[str, str], expecte
         {"x-ratelimit-reset-requests": "forever"},
         {"x-ratelimit-reset": "-5"},
         {"x-ratelimit-reset": "next tuesday"},
+        {"anthropic-ratelimit-requests-reset": "soon"},
+        {"anthropic-ratelimit-requests-reset": "2026-13-01T00:00:00Z"},
+        {"anthropic-ratelimit-tokens-reset": "42"},
     ],
 )
 def test_garbage_alone_gives_none(headers: dict[str, str]) -> None:

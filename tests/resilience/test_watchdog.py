@@ -46,6 +46,29 @@ TOOL_CALL = {
         ({"type": "response.completed", "response": {}}, (0, Activity.FINISH)),
         ({"type": "response.created", "response": {}}, (0, Activity.NONE)),
         ({"type": "response.output_text.done", "text": "all of it"}, (0, Activity.NONE)),
+        # Anthropic Messages
+        (
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Grüße"}},
+            (7, Activity.TEXT),
+        ),
+        ({"type": "content_block_delta", "delta": {"type": "text_delta", "text": ""}}, (0, Activity.NONE)),
+        (
+            {"type": "content_block_delta", "delta": {"type": "input_json_delta", "partial_json": "{"}},
+            (0, Activity.SUSPEND),
+        ),
+        (
+            {"type": "content_block_delta", "delta": {"type": "thinking_delta", "thinking": "x"}},
+            (0, Activity.SUSPEND),
+        ),
+        (
+            {"type": "content_block_start", "content_block": {"type": "tool_use", "id": "t"}},
+            (0, Activity.SUSPEND),
+        ),
+        ({"type": "content_block_start", "content_block": {"type": "text", "text": ""}}, (0, Activity.NONE)),
+        ({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}}, (0, Activity.FINISH)),
+        ({"type": "message_stop"}, (0, Activity.FINISH)),
+        ({"type": "message_start", "message": {}}, (0, Activity.NONE)),
+        ({"type": "ping"}, (0, Activity.NONE)),
     ],
 )
 def test_case_31_useful_bytes_per_event_form(
