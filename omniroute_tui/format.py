@@ -206,6 +206,14 @@ def percent(ratio: float | None) -> str:
     return f"{value:.0f}%" if value == int(value) or value >= 10 else f"{value:.1f}%"
 
 
+def traffic(requests: int, p50_ms: float | None, error_rate: float | None) -> tuple[str, str]:
+    """The p50 and errors cells of a provider or connection over a window (console and CLI alike):
+    `340 ms`, `2.5% of 40`; dashes without a request."""
+    if not requests:
+        return NONE, NONE
+    return latency(p50_ms), f"{percent(error_rate or 0.0)} of {count(requests)}"
+
+
 REQUEST_STATE_STYLES: Final[dict[str, str]] = {
     "queued": PROBE,
     "waiting": WARN,

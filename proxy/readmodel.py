@@ -479,6 +479,22 @@ class ReadModel:
             return []
         return self._trail.views(after=after, limit=limit, state=state)
 
+    @property
+    def request_history(self) -> int:
+        """How many finished records the ring keeps (0: recording is off)."""
+        return self._trail.capacity if self._trail is not None else 0
+
+    def alive_requests(self) -> list[RequestView]:
+        return self._trail.alive_views() if self._trail is not None else []
+
+    def alive_count(self) -> int:
+        return len(self._trail.alive) if self._trail is not None else 0
+
+    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
+        """The records that ended since `mark` (0 at first), oldest first, and the next mark: a
+        reader keeps what it read, and asks each tick only for what is new."""
+        return self._trail.finished_since(mark) if self._trail is not None else ([], 0)
+
     def request(self, request_id: str) -> RequestView | None:
         return self._trail.view(request_id) if self._trail is not None else None
 

@@ -23,6 +23,7 @@ import json
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from proxy.config import REQUEST_HISTORY
 from proxy.engine import Attempt, Engine, NoTarget, Skip, Target
@@ -149,6 +150,8 @@ class Trail:
         self._seq = 0
         self.version = 0
         """Bumped on every change a reader could see (a new record, a state, an end)."""
+        self.finished = 0
+        """Records ended so far: a reader's mark for `finished_since`."""
         self.stats = TrafficStats(list(engine.providers), list(engine.connections))
         self.fallbacks: dict[str, int] = {}
         """Attempts that fell back, per provider (for /metrics)."""
@@ -239,14 +242,26 @@ class Trail:
 
     def _skipped(self, record: RequestRecord, skips: Iterable[Skip]) -> None:
         now = self.clock.now()
-        seen = {(s.target, s.connection_id, s.reason) for s in record.skipped}
+        skipped = record.skipped
         for skip in skips:
             if skip.reason == "already_tried":
                 continue
             retry = None if skip.retry_at is None else max(0, int(skip.retry_at - now))
             view = SkipView(skip.target, skip.connection_id, self._words(skip, now), retry)
-            if (view.target, view.connection_id, view.reason) not in seen:
-                record.skipped.append(view)
+            # One entry per target and connection: a request that meets the same cooling key
+            # again (after a wait, say) keeps the latest words about it.
+            at = next(
+                (
+                    i
+                    for i, s in enumerate(skipped)
+                    if s.target == view.target and s.connection_id == view.connection_id
+                ),
+                None,
+            )
+            if at is None:
+                skipped.append(view)
+            else:
+                skipped[at] = view
 
     def _words(self, skip: Skip, now: float) -> str:
         """A skip in words: "cooling 12 s (429 rate_limited)", "breaker OPEN, probe in 8 s"."""
@@ -308,6 +323,7 @@ class Trail:
                 state = "failed" if status is None or status >= 400 else "done"
         record.state = state
         self.version += 1
+        self.finished += 1
         self.alive.pop(record.id, None)
         if self.capacity <= 0:
             return
@@ -341,6 +357,18 @@ class Trail:
     def view(self, request_id: str) -> RequestView | None:
         record = self.alive.get(request_id) or self._by_id.get(request_id)
         return record.view() if record is not None else None
+
+    def finished_since(self, mark: int) -> tuple[list[RequestView], int]:
+        """The records that ended after a reader's `mark` (still in the ring), in end order, and the
+        new mark: a reader that keeps what it read builds each finished record's view once."""
+        ring = self.ring
+        count = min(self.finished - mark, len(ring))
+        if count <= 0:
+            return [], self.finished
+        return [r.view() for r in islice(ring, len(ring) - count, None)], self.finished
+
+    def alive_views(self) -> list[RequestView]:
+        return [r.view() for r in self.alive.values()]
 
     def views(
         self, *, after: int = 0, limit: int | None = None, state: str | None = None

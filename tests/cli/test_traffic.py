@@ -49,6 +49,21 @@ def test_requests_with_nothing_says_so_on_stderr(proxy: Instance) -> None:
     assert proxy.cli("requests", "--limit", "0").code == 2
 
 
+def test_the_tables_show_the_last_5_minutes_like_the_console(proxy: Instance) -> None:
+    from omniroute_tui.snapshot import COLUMNS
+
+    assert chat(proxy.url, "alpha/m1").status_code == 200
+    result = proxy.cli("connections")
+    alpha = next(
+        line for line in result.stdout.splitlines() if line.startswith("alpha ") and "alpha-1" in line
+    )
+    assert alpha.split()[-3:] == ["0%", "of", "1"] and alpha.split()[-4] == "ms"
+    breakers = proxy.cli("breakers").stdout
+    assert "0% of 1" in next(line for line in breakers.splitlines() if line.startswith("alpha"))
+    titles = [t for t in proxy.cli("requests").stdout.splitlines()[0].strip().split("  ") if t]
+    assert [" ".join(t.split()) for t in titles] == [c.label for c in COLUMNS["requests"]]
+
+
 def test_stats_json_is_the_document_and_a_bad_window_is_a_usage_error(proxy: Instance) -> None:
     chat(proxy.url, "alpha/m1")
     doc = proxy.cli("stats", "--window", "1m", "--json").json()
