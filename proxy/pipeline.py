@@ -961,7 +961,7 @@ def _stream_ended(trail: Trail, record: RequestRecord, status: int, outcome: Out
         trail.end(record, status, state="client_gone")
     elif not outcome.is_success:
         record.code = "stream_stalled" if outcome.kind is OutcomeKind.STALL else "stream_interrupted"
-        record.message = outcome.error or None
+        record.message = trail.engine.scrubber(outcome.error) or None
         trail.end(record, status, state="failed")
     else:
         trail.end(record, status)

@@ -191,7 +191,12 @@ class Trail:
             result, reason = "ok", "ok"
         else:
             result = "fallback" if verdict.fallback and not committed else "returned"
-            reason = f"{status} {verdict.reason}" if status is not None else outcome.error or verdict.reason
+            # An error's words may quote the key the attempt was sent with: scrubbed like the engine's.
+            reason = (
+                f"{status} {verdict.reason}"
+                if status is not None
+                else self.engine.scrubber(outcome.error) or verdict.reason
+            )
         pid = attempt.provider.spec.id
         if result == "fallback":
             self.fallbacks[pid] = self.fallbacks.get(pid, 0) + 1

@@ -232,6 +232,21 @@ def test_a_client_that_leaves_a_stream_is_client_gone(
     proxy.settled()
 
 
+def test_a_key_an_upstream_echoes_never_reaches_a_record(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams("up")
+    proxy = launch(provider("loc", "apikey", up.url, "loc-1"))
+    up.fake.default(
+        Reply("error", status=400, body={"error": {"message": "bad key key-loc-1 sent", "code": "x"}})
+    )
+    response = ask(proxy, "loc/m1")
+    assert response.status_code == 400
+    text = json.dumps(record(proxy, response.headers["x-request-id"]))
+    assert "key-loc-1" not in text and "bad key" in text
+    assert "key-loc-1" not in proxy.http.get("/metrics").text
+
+
 def test_requests_before_any_upstream_leave_a_record_too(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
