@@ -186,16 +186,17 @@ class Trail:
         if kind is OutcomeKind.CLIENT_DISCONNECT:
             result, reason = "disconnect", "the client went away"
         elif kind is OutcomeKind.LOCAL_REJECTION:
-            result, reason = "local", outcome.error
+            result, reason = "local", _short(outcome.error, REASON_LIMIT)
         elif outcome.is_success:
             result, reason = "ok", "ok"
         else:
             result = "fallback" if verdict.fallback and not committed else "returned"
             # An error's words may quote the key the attempt was sent with: scrubbed like the engine's.
-            reason = (
+            reason = _short(
                 f"{status} {verdict.reason}"
                 if status is not None
-                else self.engine.scrubber(outcome.error) or verdict.reason
+                else self.engine.scrubber(outcome.error) or verdict.reason,
+                REASON_LIMIT,
             )
         pid = attempt.provider.spec.id
         if result == "fallback":
@@ -210,7 +211,7 @@ class Trail:
                 now - attempt.started_at,
                 status,
                 result,
-                _short(reason, REASON_LIMIT),
+                reason,
             )
         )
 
@@ -493,9 +494,14 @@ _WIDTH = TTFT + _BINS
 
 
 class _Series:
-    """One provider's or connection's buckets and window totals."""
+    """One provider's or connection's buckets and window totals.
 
-    __slots__ = ("bucket_of", "buckets", "last", "total", "windows")
+    A request adds to two rows only: its bucket and the all-time totals. Each window's totals hold
+    its *closed* buckets: a bucket is added to them when it closes (the first request or read of
+    a later bucket) and subtracted when it leaves the window; a read adds the current bucket.
+    """
+
+    __slots__ = ("bucket_of", "buckets", "current", "last", "total", "windows")
 
     def __init__(self) -> None:
         self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
@@ -505,38 +511,58 @@ class _Series:
         self.total = [0.0] * _WIDTH
         """Since the start (for /metrics' counters and histograms)."""
         self.last = -1
+        self.current = self.buckets[0]
+        """The row of bucket `last`."""
 
     def advance(self, bucket: int) -> None:
         last = self.last
         if bucket <= last:
             return
+        buckets, bucket_of, windows = self.buckets, self.bucket_of, self.windows
         if last < 0 or bucket - last > SLOTS:
-            for row in self.windows:
+            for row in windows:
                 row[:] = [0.0] * _WIDTH
-            self.bucket_of = [-1] * SLOTS
+            bucket_of[:] = [-1] * SLOTS
         else:
-            buckets, bucket_of = self.buckets, self.bucket_of
             for b in range(last + 1, bucket + 1):
-                for spans, totals in zip(_SPANS, self.windows, strict=True):
+                closed = b - 1
+                slot = closed % SLOTS
+                if bucket_of[slot] == closed:
+                    new = buckets[slot]
+                    for totals in windows:
+                        for i in range(_WIDTH):
+                            totals[i] += new[i]
+                for spans, totals in zip(_SPANS, windows, strict=True):
                     gone = b - spans
                     slot = gone % SLOTS
                     if bucket_of[slot] == gone:
                         old = buckets[slot]
                         for i in range(_WIDTH):
                             totals[i] -= old[i]
+        # Slots skipped over hold stale buckets: their numbers tell, and they are reset when their
+        # number comes round.
         slot = bucket % SLOTS
-        if self.bucket_of[slot] != bucket:
-            self.buckets[slot] = [0.0] * _WIDTH
-            self.bucket_of[slot] = bucket
-        # slots skipped over hold stale buckets: they are reset when their number comes round
+        if bucket_of[slot] != bucket:
+            buckets[slot] = [0.0] * _WIDTH
+            bucket_of[slot] = bucket
+        self.current = buckets[slot]
         self.last = bucket
 
     def add(self, indices: list[tuple[int, float]], bucket: int) -> None:
+        if bucket != self.last:
+            self.advance(bucket)
+        current, total = self.current, self.total
+        for i, value in indices:
+            current[i] += value
+            total[i] += value
+
+    def window(self, w: int, bucket: int) -> list[float]:
+        """Window `w`'s totals as of `bucket` (the current bucket included)."""
         self.advance(bucket)
-        rows = (self.buckets[bucket % SLOTS], self.total, *self.windows)
-        for row in rows:
-            for i, value in indices:
-                row[i] += value
+        closed = self.windows[w]
+        if self.last != bucket:  # a bucket before the last one: nothing of now to add
+            return closed
+        return [a + b for a, b in zip(closed, self.current, strict=True)]
 
 
 _SPANS = tuple(ms // BUCKET_MS for ms in WINDOWS.values())
@@ -635,8 +661,7 @@ class TrafficStats:
 
 
 def _stats(series: _Series, window: int, bucket: int) -> StatsView:
-    series.advance(bucket)
-    row = series.windows[window]
+    row = series.window(window, bucket)
     requests = round(row[REQUESTS])
     if requests <= 0:
         return StatsView(0, 0, None, None, None, None, None)

@@ -100,3 +100,29 @@ def test_error_of_reads_code_and_message_only() -> None:
     assert error_of(b"<html>") == (None, None)
     code, message = error_of(json.dumps({"error": {"message": "m" * 1000}}).encode())
     assert code is None and message is not None and len(message) == 200
+
+
+def test_the_running_windows_match_a_recount_of_every_request() -> None:
+    """Adds and reads interleaved at random instants (some in the same bucket, some far apart):
+    each window always counts exactly the requests whose bucket is within its last N buckets."""
+    import random
+
+    from proxy.readmodel import WINDOWS
+
+    rng = random.Random(11)
+    s = stats()
+    ended: list[tuple[int, bool]] = []  # (bucket, error)
+    now = T0
+    for _ in range(3000):
+        now += rng.choice((0, 0, 300, 2_000, 5_000, 40_000, 400_000))
+        if rng.random() < 0.7:
+            error = rng.random() < 0.3
+            add(s, now, rng.uniform(1, 5000), error=error)
+            ended.append((int(now // BUCKET_MS), error))
+        else:
+            bucket = int(now // BUCKET_MS)
+            for name, ms in WINDOWS.items():
+                span = ms // BUCKET_MS
+                inside = [e for b, e in ended if bucket - span < b <= bucket]
+                view = s.report(name, now).providers["p"]
+                assert (view.requests, view.errors) == (len(inside), sum(inside)), (name, now)
