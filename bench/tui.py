@@ -317,8 +317,6 @@ async def tick_bench(samples: int) -> dict[str, float]:
 
 def fill_trail(runtime: Any, finished: int, alive: int, start: int = 0) -> None:
     """`finished` request records that ended (a fallback in every fifth) and `alive` that run on."""
-    from proxy.readmodel import AttemptView, UsageView
-
     trail = runtime.trail
     clock = runtime.engine.clock
     for i in range(start, start + finished + alive):
@@ -329,11 +327,9 @@ def fill_trail(runtime: Any, finished: int, alive: int, start: int = 0) -> None:
             continue
         now = clock.now()
         if i % 5 == 0:
-            record.attempts.append(
-                AttemptView("p00/m", "p00", "p00-c0", now, 40, 429, "fallback", "429 rate_limited")
-            )
-        record.attempts.append(AttemptView("p01/m", "p01", "p01-c0", now, 120, 200, "ok", "ok"))
-        record.usage = UsageView(20, 100, 120)
+            record.attempts.append(("p00/m", "p00", "p00-c0", now, 40, 429, "fallback", "429 rate_limited"))
+        record.attempts.append(("p01/m", "p01", "p01-c0", now, 120, 200, "ok", "ok"))
+        record.usage = (20, 100, 120)
         trail.end(record, 200)
 
 

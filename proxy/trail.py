@@ -62,6 +62,12 @@ def span(ms: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+Usage = tuple[int | None, int | None, int | None]
+"""(prompt, completion, total) tokens, as `UsageView` holds them."""
+AttemptRow = tuple[str, str, str, float, float, int | None, AttemptOutcome, str]
+"""An attempt as the record keeps it: `AttemptView`'s fields, in order."""
+
+
 class RequestRecord:
     """One request as it runs; the pipeline writes it, readers get a `RequestView` of it."""
 
@@ -103,12 +109,14 @@ class RequestRecord:
         self.code: str | None = None
         self.message: str | None = None
         self.ttft_ms: float | None = None
-        self.usage: UsageView | None = None
+        self.usage: Usage | None = None
         self.bytes_in = 0
         self.bytes_out = 0
-        self.attempts: list[AttemptView] = []
-        self.skipped: list[SkipView] = []
-        self.waits: list[WaitView] = []
+        # Plain tuples and lists on the request path (a frozen view costs a setattr per field);
+        # the views are built when someone reads. Skips and waits are rare: no list until one.
+        self.attempts: list[AttemptRow] = []
+        self.skipped: list[SkipView] | None = None
+        self.waits: list[WaitView] | None = None
 
     def view(self) -> RequestView:
         ended = self.ended_at
@@ -128,12 +136,12 @@ class RequestRecord:
             message=self.message,
             duration_ms=None if ended is None else ended - self.started_at,
             ttft_ms=self.ttft_ms,
-            usage=self.usage,
+            usage=None if self.usage is None else UsageView(*self.usage),
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
-            attempts=tuple(self.attempts),
-            skipped=tuple(self.skipped),
-            waits=tuple(self.waits),
+            attempts=tuple(AttemptView(*a) for a in self.attempts),
+            skipped=tuple(self.skipped or ()),
+            waits=tuple(self.waits or ()),
         )
 
 
@@ -201,14 +209,14 @@ class Trail:
         pid = attempt.provider.spec.id
         if result == "fallback":
             self.fallbacks[pid] = self.fallbacks.get(pid, 0) + 1
-        now = self.clock.now()
+        started = attempt.started_at
         record.attempts.append(
-            AttemptView(
+            (
                 str(attempt.target),
                 pid,
-                attempt.connection.spec.id,
-                attempt.started_at,
-                now - attempt.started_at,
+                attempt.connection.id,
+                started,
+                self.clock.now() - started,
                 status,
                 result,
                 reason,
@@ -233,7 +241,7 @@ class Trail:
         # What this request already tried is in its attempts: only the others were passed over.
         tried_ids = set(tried)
         tried_ids.add(chosen.connection.spec.id)
-        tried_targets = {a.target for a in record.attempts}
+        tried_targets = {a[0] for a in record.attempts}
         skips = [
             s
             for s in self.engine.explain(upto, tried_ids)
@@ -249,6 +257,8 @@ class Trail:
     def _skipped(self, record: RequestRecord, skips: Iterable[Skip]) -> None:
         now = self.clock.now()
         skipped = record.skipped
+        if skipped is None:
+            skipped = record.skipped = []
         for skip in skips:
             if skip.reason == "already_tried":
                 continue
@@ -308,6 +318,8 @@ class Trail:
         reason = "nothing eligible"
         if ready is not None:
             reason += f"; waited for {ready.connection_id or ready.target} ({ready.reason})"
+        if record.waits is None:
+            record.waits = []
         record.waits.append(WaitView(ms, reason))
 
     def first_byte(self, record: RequestRecord) -> None:
@@ -344,8 +356,8 @@ class Trail:
             last = record.attempts[-1]
             usage = record.usage
             self.stats.add(
-                last.provider,
-                last.connection_id,
+                last[1],
+                last[2],
                 now,
                 now - record.started_at,
                 state != "done",
@@ -434,12 +446,13 @@ def error_of(body: bytes) -> tuple[str | None, str | None]:
     return code, _short(message, MESSAGE_LIMIT) if isinstance(message, str) else None
 
 
-def usage_of(answer: object) -> UsageView | None:
-    """The `usage` object of a parsed answer (or stream chunk), if it has one with numbers."""
-    if not isinstance(answer, dict):
+def usage_of(answer: object) -> Usage | None:
+    """(prompt, completion, total) tokens from the `usage` object of a parsed answer (or stream
+    chunk), if it has one with numbers."""
+    if type(answer) is not dict:
         return None
     usage = answer.get("usage")
-    if not isinstance(usage, dict):
+    if type(usage) is not dict:
         return None
     prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
     completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
@@ -448,14 +461,14 @@ def usage_of(answer: object) -> UsageView | None:
         total = prompt + completion
     if prompt is None and completion is None and total is None:
         return None
-    return UsageView(prompt, completion, total)
+    return (prompt, completion, total)
 
 
 def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if type(value) is int and value >= 0 else None
 
 
-def stream_usage(tail: bytes) -> UsageView | None:
+def stream_usage(tail: bytes) -> Usage | None:
     """The usage of a stream from its last bytes: the last `data:` event that mentions `usage`."""
     at = tail.rfind(b'"usage"')
     while at >= 0:
@@ -548,14 +561,6 @@ class _Series:
         self.current = buckets[slot]
         self.last = bucket
 
-    def add(self, indices: list[tuple[int, float]], bucket: int) -> None:
-        if bucket != self.last:
-            self.advance(bucket)
-        current, total = self.current, self.total
-        for i, value in indices:
-            current[i] += value
-            total[i] += value
-
     def window(self, w: int, bucket: int) -> list[float]:
         """Window `w`'s totals as of `bucket` (the current bucket included)."""
         self.advance(bucket)
@@ -589,36 +594,38 @@ class TrafficStats:
         error: bool,
         status: int | None,
         ttft_ms: float | None,
-        usage: UsageView | None,
+        usage: Usage | None,
         generation_ms: float | None,
     ) -> None:
-        indices: list[tuple[int, float]] = [
-            (REQUESTS, 1.0),
-            (LAT_SUM, duration_ms),
-            (LAT + bisect_left(LATENCY_EDGES_MS, duration_ms), 1.0),
-        ]
-        if error:
-            indices.append((ERRORS, 1.0))
-        if ttft_ms is not None:
-            indices += (
-                (TTFT_SUM, ttft_ms),
-                (TTFT_N, 1.0),
-                (TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms), 1.0),
-            )
+        lat = LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)
+        first = TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms) if ttft_ms is not None else -1
+        prompt = completion = 0
         if usage is not None:
-            if usage.prompt_tokens:
-                indices.append((PROMPT, float(usage.prompt_tokens)))
-            if usage.completion_tokens:
-                indices.append((COMPLETION, float(usage.completion_tokens)))
-                if generation_ms is not None and generation_ms > 0:
-                    indices += ((STREAM_TOKENS, float(usage.completion_tokens)), (STREAM_MS, generation_ms))
+            prompt, completion = usage[0] or 0, usage[1] or 0
+        stream_ms = generation_ms if completion and generation_ms is not None and generation_ms > 0 else 0.0
         bucket = int(now // BUCKET_MS)
-        series = self.providers.get(provider)
-        if series is not None:
-            series.add(indices, bucket)
-        series = self.connections.get(connection)
-        if series is not None:
-            series.add(indices, bucket)
+        for series in (self.providers.get(provider), self.connections.get(connection)):
+            if series is None:
+                continue
+            if bucket != series.last:
+                series.advance(bucket)
+            for row in (series.current, series.total):
+                row[REQUESTS] += 1
+                row[LAT_SUM] += duration_ms
+                row[lat] += 1
+                if error:
+                    row[ERRORS] += 1
+                if first >= 0:
+                    row[TTFT_SUM] += ttft_ms or 0.0
+                    row[TTFT_N] += 1
+                    row[first] += 1
+                if prompt:
+                    row[PROMPT] += prompt
+                if completion:
+                    row[COMPLETION] += completion
+                    if stream_ms:
+                        row[STREAM_TOKENS] += completion
+                        row[STREAM_MS] += stream_ms
         key = (provider, connection, status or 0)
         self.by_status[key] = self.by_status.get(key, 0) + 1
 

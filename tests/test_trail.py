@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from proxy.readmodel import UsageView
 from proxy.trail import BUCKET_MS, TrafficStats, error_of, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
@@ -56,8 +55,8 @@ def test_percentiles_are_interpolated_within_their_bins() -> None:
 
 def test_tokens_per_second_counts_streams_with_usage_only() -> None:
     s = stats()
-    s.add("p", "c", T0, 2000, False, 200, 500, UsageView(10, 300, 310), 1500)
-    s.add("p", "c", T0, 2000, False, 200, None, UsageView(10, 999, 1009), None)  # not a stream
+    s.add("p", "c", T0, 2000, False, 200, 500, (10, 300, 310), 1500)
+    s.add("p", "c", T0, 2000, False, 200, None, (10, 999, 1009), None)  # not a stream
     assert s.report("5m", T0).providers["p"].tokens_per_second == 200.0
 
 
@@ -79,9 +78,12 @@ def test_span(ms: float, words: str) -> None:
 
 
 def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
-    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == UsageView(3, 4, 7)
+    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4, 7)
     assert usage_of({"usage": None}) is None
     assert usage_of({"usage": {"prompt_tokens": "3"}}) is None
+    assert usage_of({"usage": {"prompt_tokens": 0, "completion_tokens": 0}}) == (0, 0, 0)
+    assert usage_of({"usage": {"input_tokens": 2, "output_tokens": 3}}) == (2, 3, 5)
+    assert usage_of({"usage": {"prompt_tokens": True}}) is None
     final = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}
     tail = (
         b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
@@ -89,7 +91,7 @@ def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
         + json.dumps(final).encode()
         + b"\n\ndata: [DONE]\n\n"
     )
-    assert stream_usage(tail) == UsageView(5, 4, 9)
+    assert stream_usage(tail) == (5, 4, 9)
     assert stream_usage(b'data: {"choices":[],"usage":null}\n\ndata: [DONE]\n\n') is None
     assert stream_usage(b'cut-off "usage": {"prompt_tokens": 1}') is None
 

@@ -18,12 +18,12 @@ from omniroute_tui.app import OmniRouteApp, make_app
 from omniroute_tui.remote import Mirror, Remote
 from proxy import untrusted
 from proxy.config import load_config
-from proxy.readmodel import AttemptView, SkipView, UsageView, WaitView
+from proxy.readmodel import SkipView, WaitView
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.lockout import LockoutSettings
 from proxy.runtime import Runtime
 from proxy.store import MemoryStore
-from proxy.trail import RequestRecord
+from proxy.trail import AttemptRow, RequestRecord
 
 CONFIG = """
 [server]
@@ -162,8 +162,8 @@ def traffic(runtime: Runtime, at: Callable[[float], float]) -> None:
 
     def attempt(
         target: str, connection: str, start: float, ms: float, status: int | None, outcome: str, reason: str
-    ) -> AttemptView:
-        return AttemptView(target, target.split("/")[0], connection, at(start), ms, status, outcome, reason)  # type: ignore[arg-type]
+    ) -> AttemptRow:
+        return (target, target.split("/")[0], connection, at(start), ms, status, outcome, reason)  # type: ignore[return-value]
 
     def request(n: int, minute: float, model: str, *, stream: bool = False) -> RequestRecord:
         at(minute)
@@ -174,16 +174,18 @@ def traffic(runtime: Runtime, at: Callable[[float], float]) -> None:
     r = request(1, 9.02, "coding")
     r.attempts.append(attempt("openai/gpt-4o", "openai-main", 9.02, 180, 429, "fallback", "429 rate_limited"))
     r.attempts.append(attempt("ollama/llama3:70b", "ollama-1", 9.023, 2100, 200, "ok", "ok"))
-    r.ttft_ms, r.usage, r.bytes_out = 520, UsageView(120, 392, 512), 9_812
+    r.ttft_ms, r.usage, r.bytes_out = 520, (120, 392, 512), 9_812
     at(9.02 + 2.3 / 60)
     trail.end(r, 200)
 
     r = request(2, 9.1, "coding", stream=True)
-    r.skipped.append(SkipView("openai/gpt-4o", "openai-main", "cooling 12 s (429 rate_limited)", 12_000))
-    r.skipped.append(SkipView("anthropic/claude-3-opus", None, "breaker OPEN, probe in 8 s", 8_000))
-    r.waits.append(WaitView(1_300, "nothing eligible; waited for ollama-1 (cooling)"))
+    r.skipped = [
+        SkipView("openai/gpt-4o", "openai-main", "cooling 12 s (429 rate_limited)", 12_000),
+        SkipView("anthropic/claude-3-opus", None, "breaker OPEN, probe in 8 s", 8_000),
+    ]
+    r.waits = [WaitView(1_300, "nothing eligible; waited for ollama-1 (cooling)")]
     r.attempts.append(attempt("ollama/llama3:70b", "ollama-1", 9.13, 3_400, 200, "ok", "ok"))
-    r.ttft_ms, r.usage, r.bytes_out = 1_590, UsageView(80, 300, 380), 30_120
+    r.ttft_ms, r.usage, r.bytes_out = 1_590, (80, 300, 380), 30_120
     at(9.1 + 4.7 / 60)
     trail.end(r, 200)
 
@@ -196,7 +198,7 @@ def traffic(runtime: Runtime, at: Callable[[float], float]) -> None:
 
     r = request(4, 9.3, "coding")
     trail.state(r, "waiting")
-    r.skipped.append(SkipView("openai/gpt-4o", "openai-main", "cooling 4 s (429 rate_limited)", 4_000))
+    r.skipped = [SkipView("openai/gpt-4o", "openai-main", "cooling 4 s (429 rate_limited)", 4_000)]
     r = request(5, 9.4, "ollama/llama3:70b", stream=True)
     at(9.4 + 0.9 / 60)
     trail.first_byte(r)
