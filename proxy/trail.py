@@ -153,8 +153,7 @@ class Trail:
         self.clock = clock
         self.capacity = capacity
         self.alive: dict[str, RequestRecord] = {}
-        self.ring: deque[RequestRecord] = deque()
-        self._by_id: dict[str, RequestRecord] = {}
+        self.ring: deque[RequestRecord] = deque(maxlen=max(capacity, 0))
         self._seq = 0
         self.version = 0
         """Bumped on every change a reader could see (a new record, a state, an end)."""
@@ -345,13 +344,7 @@ class Trail:
         self.alive.pop(record.id, None)
         if self.capacity <= 0:
             return
-        ring = self.ring
-        if len(ring) >= self.capacity:
-            old = ring.popleft()
-            if self._by_id.get(old.id) is old:
-                del self._by_id[old.id]
-        ring.append(record)
-        self._by_id[record.id] = record
+        self.ring.append(record)  # a full ring lets its oldest record go
         if record.attempts:
             last = record.attempts[-1]
             usage = record.usage
@@ -373,7 +366,11 @@ class Trail:
     # -- the readers' side --------------------------------------------------------------------------
 
     def view(self, request_id: str) -> RequestView | None:
-        record = self.alive.get(request_id) or self._by_id.get(request_id)
+        # The ring is searched, newest first, rather than indexed: a lookup by id is a rare read,
+        # and an index would cost every request an insert and a delete, and memory.
+        record = self.alive.get(request_id) or next(
+            (r for r in reversed(self.ring) if r.id == request_id), None
+        )
         return record.view() if record is not None else None
 
     def finished_since(self, mark: int) -> tuple[list[RequestView], int]:
