@@ -207,7 +207,7 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
         Column("id", "Id"),
         # Capped so that the nine columns fit 120 cells; the detail pane shows each value whole.
         Column("model", "Model", cap=18),
-        Column("went_to", "Went to", cap=22),
+        Column("went_to", "Went to", cap=20),
         Column("attempts", "Attempts"),
         Column("status", "Status", cap=18),
         Column("duration", "Duration", 8),
