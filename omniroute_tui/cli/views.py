@@ -104,8 +104,8 @@ def breakers(
     json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
+        rows: list[dict[str, Any]] = health["providerBreakers"]
         stats = {} if json_ else api.get(STATS)["providers"]
-    rows: list[dict[str, Any]] = health["providerBreakers"]
     emit(rows, json_=json_, human=lambda: _breakers_table(rows, epoch_ms(health.get("timestamp")), stats))
 
 
