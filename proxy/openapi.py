@@ -304,7 +304,10 @@ def _schemas() -> dict[str, Schema]:
                 "endedAt": _TIME,
                 "state": {"type": "string", "enum": [*ALIVE_STATES, "done", "failed", "client_gone"]},
                 "client": {**_STR, "description": "the client's address"},
-                "endpoint": {**_STR, "description": "chat/completions, completions or embeddings"},
+                "endpoint": {
+                    **_STR,
+                    "description": "chat/completions, completions, embeddings, messages or responses",
+                },
                 "modelAsked": _nullable("string"),
                 "route": {"type": "string", "enum": ["combo", "target", "bare"]},
                 "stream": _BOOL,

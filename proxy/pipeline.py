@@ -704,10 +704,15 @@ class Pipeline:
         attempt = scope.attempt
         probe = attempt.probe
         first = b"".join(head)
+        record, trail = scope.record, scope.trail
 
         async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
+            sent = len(first)  # the trail's share, as in _start_stream: a count and the last chunks
+            previous, last = b"", first
             try:
+                if record is not None and trail is not None:
+                    trail.first_byte(record)
                 yield first
                 if ended is not None:
                     outcome = _stream_failure(ended, engine.scrubber)
@@ -736,6 +741,8 @@ class Pipeline:
                                 "the upstream stream stalled (throughput watchdog)", "stream_stalled"
                             )
                             return
+                    sent += len(chunk)
+                    previous, last = last, chunk
                     yield chunk
                     if error is not None:
                         outcome = _stream_failure(error, engine.scrubber)
@@ -749,6 +756,9 @@ class Pipeline:
             finally:
                 # Synchronous on purpose: this also runs on GeneratorExit from aclose().
                 scope.finish(outcome or Outcome.disconnect())
+                if record is not None:
+                    record.bytes_out = sent
+                    record.usage = stream_usage(previous + last)
 
         return _RelayResponse(
             _scrubbed(relay(), engine.scrubber),

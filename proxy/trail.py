@@ -450,7 +450,10 @@ def usage_of(answer: object) -> Usage | None:
         return None
     usage = answer.get("usage")
     if type(usage) is not dict:
-        return None
+        inner = answer.get("response")  # the Responses API's `response.completed` event
+        usage = inner.get("usage") if type(inner) is dict else None
+        if type(usage) is not dict:
+            return None
     prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
     completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
     total = _count(usage.get("total_tokens"))

@@ -84,6 +84,8 @@ def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
     assert usage_of({"usage": {"prompt_tokens": 0, "completion_tokens": 0}}) == (0, 0, 0)
     assert usage_of({"usage": {"input_tokens": 2, "output_tokens": 3}}) == (2, 3, 5)
     assert usage_of({"usage": {"prompt_tokens": True}}) is None
+    completed = {"type": "response.completed", "response": {"usage": {"input_tokens": 4, "output_tokens": 6}}}
+    assert usage_of(completed) == (4, 6, 10)
     final = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}
     tail = (
         b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'

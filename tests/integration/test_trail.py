@@ -391,3 +391,32 @@ def test_metrics_are_behind_the_management_token(
     assert proxy.http.get("/api/requests").status_code == 401
     ok = proxy.http.get("/metrics", headers={"authorization": "Bearer scrape-me-0123456789"})
     assert ok.status_code == 200 and "omniroute_breaker_state" in ok.text
+
+
+def test_messages_requests_leave_records_too(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    from tests.integration.test_apis import anthropic_client, claude
+
+    up = upstreams("claude-up")
+    proxy = launch(claude("claude", up.url, "key-a", "key-b"))
+    client = anthropic_client(proxy)
+    up.fake.script(Reply("error", status=529))
+    client.messages.create(
+        model="claude/sonnet", max_tokens=64, messages=[{"role": "user", "content": PRIVATE}]
+    )
+    up.fake.by_model("streamed", Reply("stream", chunks=3, chunk_text="ok"))
+    with client.messages.stream(model="claude/streamed", max_tokens=64, messages=[]) as stream:
+        "".join(stream.text_stream)
+    wait_until(lambda: len(records(proxy, "?state=done")) == 2, what="both records to end")
+    plain, streamed = records(proxy)
+    assert (plain["endpoint"], plain["state"], plain["status"]) == ("messages", "done", 200)
+    assert [(a["connectionId"], a["outcome"]) for a in plain["attempts"]] == [
+        ("key-a", "fallback"),
+        ("key-b", "ok"),
+    ]
+    assert plain["usage"] is not None and plain["usage"]["completionTokens"] == 4
+    assert (streamed["stream"], streamed["state"]) == (True, "done")
+    assert streamed["ttftMs"] is not None and streamed["bytesOut"] > 0
+    assert streamed["usage"] is not None and streamed["usage"]["completionTokens"] is not None
+    assert PRIVATE not in json.dumps([plain, streamed])
