@@ -4,6 +4,7 @@
     python bench/proxy.py --seconds 1 --rounds 2 --connections 1,8 --skip-stream   # a quick look
     python bench/proxy.py --only direct,floor,omniroute  # leave LiteLLM out even when installed
     python bench/proxy.py --only omniroute,cooling,flapping --skip-stream   # rejections vs successes
+    python bench/proxy.py --only omniroute,unrecorded --connections 8 --skip-stream  # recording's cost
 
 Non-streaming: a fixed-reply nginx upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8
 and 32 connections against the upstream directly, against the *floor* (floor_proxy.py: Starlette +
@@ -21,6 +22,11 @@ upstream 429 cooled for an hour before the run, so omniroute rejects every reque
 the key keeps coming back and each time a burst of requests finds it usable for a moment. A
 rejection should cost no more than a success, and no rejected request should wait in the key's
 request queue (whose pacing is 200 ms) for a turn it will not use.
+
+Recording: *unrecorded* is a second `omniroute serve` of the same config with `[server]
+request_history = 0` (no request trail, no statistics), against the same upstream in the same
+rounds: omniroute / unrecorded throughput is what recording costs (bar: at most 5 % at 8
+connections).
 
 Streaming: sse_upstream.py emits a 1,000-event SSE stream, one send per event, as fast as it can
 (chat, then the same stream in the Messages API's form through `/v1/messages`, bar >= 0.90).
@@ -56,8 +62,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # 18080 is fixed in nginx-upstream.conf; the others are fixed loopback ports of this benchmark.
 UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = 18080, 18090, 14002, 14010, 14000
+QUIET_PORT = 14011
+"""omniroute with recording off (`unrecorded`)."""
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
-TARGETS = ("direct", "floor", "omniroute", "cooling", "flapping", "litellm")
+TARGETS = ("direct", "floor", "omniroute", "unrecorded", "cooling", "flapping", "litellm")
 REJECTIONS = ("cooling", "flapping")
 """Targets served by omniroute whose every request is refused (see the module docstring)."""
 STREAM_CHUNKS = 1000
@@ -110,6 +118,8 @@ BAR_MESSAGES_STREAM_RATE = 0.90
 watches every event for an `error`, and it must still keep up (issue #14)."""
 MESSAGES_EXTRA_EVENTS = 5
 """message_start, content_block_start, content_block_stop, message_delta, message_stop."""
+BAR_RECORDING = 0.95
+"""omniroute / unrecorded throughput at 8 connections: recording costs under 5 %."""
 BAR_REJECTION_CPU = 1.0
 """CPU per rejected request over CPU per success (issue #21: a rejection costs no more than a success)."""
 PACING_MS = 200.0
@@ -496,6 +506,32 @@ def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm:
         report.bar(name, bar, measured, ratio >= BAR_LITELLM)
 
 
+def recording_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
+    """omniroute (recording on) against unrecorded (request_history = 0), in the same rounds."""
+    if not any(("unrecorded", c) in rounds for c in conns):
+        return
+    report.line()
+    report.line("recording on vs off (omniroute / unrecorded), medians of the per-round ratios")
+    for c in conns:
+        rps = throughput_ratio(rounds, "omniroute", "unrecorded", c)
+        cpu = throughput_ratio(rounds, "omniroute", "unrecorded", c, "cpu_us")
+        if rps is not None and cpu is not None:
+            each = [
+                o["rps"] / q["rps"]
+                for o, q in zip(rounds[("omniroute", c)], rounds[("unrecorded", c)], strict=True)
+                if q["rps"]
+            ]
+            spread = f"rounds {min(each):.3f}-{max(each):.3f}" if each else ""
+            report.line(f"  c={c}: throughput {rps:.3f} ({spread}), CPU per request x{cpu:.3f}")
+    ratio = throughput_ratio(rounds, "omniroute", "unrecorded", 8)
+    name, bar = "recording on vs off, 8 conns", f">= {BAR_RECORDING:.2f}"
+    if ratio is None:
+        report.bar(name, bar, "not measured (needs c=8, omniroute, unrecorded)", None)
+    else:
+        o, q = summary(rounds[("omniroute", 8)]), summary(rounds[("unrecorded", 8)])
+        report.bar(name, bar, f"{ratio:.3f} ({o['rps']:.0f} vs {q['rps']:.0f} req/s)", ratio >= BAR_RECORDING)
+
+
 def rejection_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
     """Rejections against successes of the same omniroute, in the same rounds."""
     if not any((name, c) in rounds for name in REJECTIONS for c in conns):
@@ -631,7 +667,9 @@ def main(argv: list[str] | None = None) -> int:
         if not shutil.which(tool):
             print(f"missing {tool}: apt-get install -y nginx wrk", file=sys.stderr)
             return 1
-    busy = [p for p in (UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT) if port_open(p)]
+    busy = [
+        p for p in (UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, QUIET_PORT, LITELLM_PORT) if port_open(p)
+    ]
     if busy:
         print(f"ports already in use: {busy} (another benchmark running?)", file=sys.stderr)
         return 1
@@ -694,6 +732,17 @@ def main(argv: list[str] | None = None) -> int:
                     prepare_rejections(OMNI_PORT)
                 for name in rejections:
                     targets[name] = (OMNI_PORT, f"{name}/bench-model", "sk-bench", session)
+        if "unrecorded" in wanted:
+            quiet = OMNI_CONFIG.replace(
+                f"port = {OMNI_PORT}\n", f"port = {QUIET_PORT}\nrequest_history = 0\n"
+            )
+            (tmp / "quiet.toml").write_text(quiet)
+            (tmp / "quiet.toml").chmod(0o600)
+            cmd = [*omniroute_command(), "serve", "--config", str(tmp / "quiet.toml")]
+            procs.start("unrecorded", [*cmd, "--state", str(tmp / "quiet.db")], cwd=ROOT)
+            if need("unrecorded", QUIET_PORT):
+                session = procs.session("unrecorded")
+                targets["unrecorded"] = (QUIET_PORT, "bench/bench-model", "sk-bench", session)
         litellm_note = "not installed" if shutil.which("litellm") is None else "not run (--only)"
         if "litellm" in wanted and shutil.which("litellm"):
             procs.start(
@@ -731,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed = True
         report.line()
         nonstream_section(report, rounds, conns, litellm_note)
+        recording_section(report, rounds, conns)
         rejection_section(report, rounds, conns)
 
         if not args.skip_stream:

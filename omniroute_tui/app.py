@@ -42,6 +42,7 @@ from omniroute_tui.widgets.tables import (
     ConnectionsTable,
     EventsTable,
     LockoutsTable,
+    RequestsTable,
     ResourceTable,
 )
 from proxy import serve
@@ -51,7 +52,7 @@ from proxy.signals import StopSignals
 
 log = logging.getLogger("omniroute.tui")
 
-TABLE_TABS = ("breakers", "connections", "lockouts", "events")
+TABLE_TABS = ("breakers", "connections", "lockouts", "events", "requests")
 SHORT_ROWS = 20
 
 
@@ -69,6 +70,7 @@ class OmniRouteApp(App[int]):
         Binding("4", "show_tab('lockouts')", "Lockouts", show=False, id="tab-lockouts"),
         Binding("5", "show_tab('settings')", "Settings", show=False, id="tab-settings"),
         Binding("6", "show_tab('events')", "Events", show=False, id="tab-events"),
+        Binding("7", "show_tab('requests')", "Requests", show=False, id="tab-requests"),
         Binding("slash", "filter", "Filter", tooltip="Show only rows containing a text", id="filter"),
         Binding("s", "sort", "Sort", tooltip="Sort by the next column", id="sort"),
         # Not on the key bar (80 columns must keep p, ? and q): in help and the palette.
@@ -131,7 +133,7 @@ class OmniRouteApp(App[int]):
         self.overview = OverviewPane(id="overview-pane")
         self.panes = {
             table.TABLE: TablePane(table(id=f"{table.TABLE}-table"), id=f"{table.TABLE}-pane")
-            for table in (BreakersTable, ConnectionsTable, LockoutsTable, EventsTable)
+            for table in (BreakersTable, ConnectionsTable, LockoutsTable, EventsTable, RequestsTable)
         }
 
     def compose(self) -> ComposeResult:
@@ -145,6 +147,8 @@ class OmniRouteApp(App[int]):
                 yield Static("Loading the settings cards…", id="settings-placeholder")
             with TabPane("6 Events", id="events"):
                 yield self.panes["events"]
+            with TabPane("7 Requests", id="requests"):
+                yield self.panes["requests"]
         yield self.status  # below the tabs: see omniroute.tcss
         yield Footer(compact=True)
 
@@ -325,6 +329,11 @@ class OmniRouteApp(App[int]):
         views = self.feed.views
         views[message.tab] = View("", views[message.tab].sort, views[message.tab].reverse)  # show it
         self.action_show_tab(message.tab)
+        self.feed.request()
+
+    @on(RequestsTable.FailuresToggled)
+    def _failures_toggled(self, message: RequestsTable.FailuresToggled) -> None:
+        self.feed.failures_only = not self.feed.failures_only
         self.feed.request()
 
     @on(ResourceTable.Scrolled)

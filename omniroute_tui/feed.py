@@ -30,7 +30,7 @@ from omniroute_tui import format as fmt
 from omniroute_tui import snapshot as snap
 from omniroute_tui.messages import SnapshotReady
 from omniroute_tui.snapshot import Detail, Entry, Overview, Row, Snapshot, SortKey, TableSnapshot, View
-from proxy.readmodel import Event, LockoutView, Observed
+from proxy.readmodel import DEFAULT_WINDOW, Event, LockoutView, Observed, RequestView, StatsReport
 
 TICK_S: Final = 0.5
 WINDOW_MARGIN: Final = 10
@@ -116,6 +116,29 @@ def _deadline(row: Row) -> float:
     return float(row.sort_keys[_REMAINING])
 
 
+class RequestIndex:
+    """The finished requests as rows, kept from tick to tick: a finished record never changes, so
+    its view and row are built once, when it ends (`ReadModel.finished_requests` hands out only the
+    new ones); only the alive requests (a few dozen) are read and rebuilt each tick."""
+
+    def __init__(self) -> None:
+        self.finished: deque[tuple[RequestView, Row]] = deque()
+        self.by_id: dict[str, RequestView] = {}
+        self._mark = 0
+
+    def refresh(self, read: Observed, now: float) -> None:
+        new, self._mark = read.finished_requests(self._mark)
+        finished, by_id = self.finished, self.by_id
+        capacity = read.request_history
+        for view in new:
+            if len(finished) >= capacity:
+                old, _ = finished.popleft()
+                if by_id.get(old.id) is old:
+                    del by_id[old.id]
+            finished.append((view, snap.request_row(view, now)))
+            by_id[view.id] = view
+
+
 class Feed:
     """Collects snapshots for `owner` (the app), which receives them as `SnapshotReady` messages.
 
@@ -168,6 +191,9 @@ class Feed:
         self._lockout_changes: set[tuple[str, ...]] | None = None
         """Triples touched by lockout events since the last tick; None: reload the whole table."""
         self._finished: dict[str, tuple[Row, Row]] = {}
+        self.requests = RequestIndex()
+        self.failures_only = False
+        """The Requests tab shows failed requests only (`f`)."""
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -247,6 +273,8 @@ class Feed:
             self.views.get(tab),
             self.selected.get(tab),
             self.windows.get(tab),
+            read.requests_version if tab == "requests" else 0,
+            self.failures_only,
         )
         traffic = read.traffic()
         counters = (traffic.total, traffic.in_flight)
@@ -269,7 +297,11 @@ class Feed:
         result = Snapshot(header=head, tab=tab)
         if body_due:
             self._body_key, self._counters, self._body_second = body_key, counters, second
-            self._moving = bool(head.open_breakers or head.cooling or head.lockouts) and tab != "events"
+            self._moving = (
+                bool(head.open_breakers or head.cooling or head.lockouts) and tab != "events"
+            ) or (
+                tab == "requests" and read.alive_count() > 0  # their age ticks
+            )
             body = self._body(tab, lockouts, now)
             result = replace(
                 result,
@@ -314,21 +346,34 @@ class Feed:
         read = self.read
         if tab == "overview":
             longest = lockouts.longest(snap.OVERVIEW_ROWS)
+            breakers = read.breakers(now)
+            minute = read.stats("1m", now).providers if read.recording else {}
+            latencies = {
+                b.provider: (
+                    read.latency_series(b.provider, now, snap.TILE_SPARK),
+                    minute[b.provider].p50_ms if b.provider in minute else None,
+                )
+                for b in breakers
+            }
             return snap.overview(
-                read.breakers(now), read.unwell(now), self.history, longest, len(lockouts.rows), now
+                breakers, read.unwell(now), self.history, longest, len(lockouts.rows), now, latencies
             )
         if tab == "settings":
             return None
         view = self.views[tab]
         selected = self.selected.get(tab)
         table: TableSnapshot
+        if tab == "requests":
+            return self._requests_table(view, selected, now)
+        stats: StatsReport | None = read.stats(DEFAULT_WINDOW, now) if read.recording else None
         if tab == "breakers":
             breakers = read.breakers(now)
             picked = next((b for b in breakers if b.provider == selected), None)
             detail = (
                 snap.breaker_detail(picked, read.breaker_history(picked.provider), now) if picked else None
             )
-            rows = [snap.breaker_row(b) for b in breakers]
+            per_provider = stats.providers if stats is not None else {}
+            rows = [snap.breaker_row(b, per_provider.get(b.provider)) for b in breakers]
             table = snap.select(tab, rows, view, limit=self.limit, detail=detail)
         elif tab == "connections":
             connections = read.connections(now)
@@ -338,7 +383,8 @@ class Feed:
                 if conn
                 else None
             )
-            rows = [snap.connection_row(c) for c in connections]
+            per_connection = stats.connections if stats is not None else {}
+            rows = [snap.connection_row(c, per_connection.get(c.id)) for c in connections]
             table = snap.select(tab, rows, view, limit=self.limit, detail=detail)
         elif tab == "lockouts":
             table = self._lockout_table(lockouts, view, selected, now)
@@ -385,6 +431,22 @@ class Feed:
         self._finished = finished
         notice = snap.lockout_notice(self.read.lockout_table())
         return TableSnapshot("lockouts", rows, view, len(lockouts.rows), lockouts.matching, detail, notice)
+
+    def _requests_table(self, view: View, selected: str | None, now: float) -> TableSnapshot:
+        index = self.requests
+        index.refresh(self.read, now)
+        alive = self.read.alive_requests()
+        failures = self.failures_only
+        rows = [snap.request_row(r, now) for r in alive if not failures]
+        rows += [row for r, row in index.finished if not failures or r.failed]
+        picked = None
+        if selected is not None:
+            picked = next((r for r in alive if r.id == selected), None) or index.by_id.get(selected)
+        detail = snap.request_detail(picked) if picked is not None else None
+        table = snap.select("requests", rows, view, limit=self.limit, detail=detail)
+        if failures:
+            return replace(table, notice=("failures only (f shows every request)", fmt.WARN))
+        return table
 
     def _event_detail(self, selected: str | None) -> Detail | None:
         if selected is None:

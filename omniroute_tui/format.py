@@ -183,3 +183,53 @@ def _json_message(body: str) -> str | None:
             return inner
         doc = inner
     return None
+
+
+def latency(ms: float | None) -> str:
+    """A measured duration: `340 ms`, `2.1 s`, `12 s`, `1m 05s`; `—` when there is no sample."""
+    if ms is None:
+        return NONE
+    if ms < 1000:
+        return f"{round(ms)} ms"
+    if ms < 10_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 60_000:
+        return f"{round(ms / 1000)} s"
+    return duration(ms)
+
+
+def percent(ratio: float | None) -> str:
+    """An error rate: `0%`, `2.5%`, `100%`; `—` when there is no sample."""
+    if ratio is None:
+        return NONE
+    value = ratio * 100
+    return f"{value:.0f}%" if value == int(value) or value >= 10 else f"{value:.1f}%"
+
+
+def traffic(requests: int, p50_ms: float | None, error_rate: float | None) -> tuple[str, str]:
+    """The p50 and errors cells of a provider or connection over a window (console and CLI alike):
+    `340 ms`, `2.5% of 40`; dashes without a request."""
+    if not requests:
+        return NONE, NONE
+    return latency(p50_ms), f"{percent(error_rate or 0.0)} of {count(requests)}"
+
+
+REQUEST_STATE_STYLES: Final[dict[str, str]] = {
+    "queued": PROBE,
+    "waiting": WARN,
+    "slot": PROBE,
+    "upstream": PROBE,
+    "streaming": INFO,
+    "done": OK,
+    "failed": BAD,
+    "client_gone": OFF,
+}
+
+OUTCOME_WORDS: Final[dict[str, str]] = {
+    "ok": "",
+    "fallback": "→ fallback",
+    "returned": "→ returned to the client",
+    "disconnect": "→ client gone",
+    "local": "→ refused locally",
+}
+"""How the detail pane and `omniroute requests` end an attempt's line, by its outcome."""

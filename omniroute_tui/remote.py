@@ -36,6 +36,8 @@ from proxy.readmodel import (
     Event,
     LockoutTableStatus,
     LockoutView,
+    RequestView,
+    StatsReport,
     Traffic,
     TransitionView,
     breaker_view,
@@ -330,6 +332,35 @@ class Mirror:
 
     def settings_document(self, group: str) -> dict[str, Any]:
         return self._settings[group]
+
+    # -- the traffic: not carried by the stream yet, so an attached console shows none of it ------
+
+    @property
+    def recording(self) -> bool:
+        return False
+
+    @property
+    def requests_version(self) -> int:
+        return 0
+
+    @property
+    def request_history(self) -> int:
+        return 0
+
+    def alive_requests(self) -> list[RequestView]:
+        return []
+
+    def alive_count(self) -> int:
+        return 0
+
+    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
+        return [], 0
+
+    def stats(self, window: str, now: float) -> StatsReport:
+        return StatsReport(window, {}, {})
+
+    def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
+        return []
 
 
 class RemoteError(Exception):

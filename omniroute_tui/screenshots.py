@@ -41,6 +41,23 @@ def _always(read: ReadModel, now: float) -> bool:
     return True
 
 
+def _telling_trail(read: ReadModel) -> str | None:
+    """The newest finished request whose trail has a skip and a fallback (or at least one of them)."""
+    finished = [r for r in read.requests(state="done") if r.attempts]
+    for wanted in (
+        lambda r: r.skipped and any(a.outcome == "fallback" for a in r.attempts),
+        lambda r: r.waits or any(a.outcome == "fallback" for a in r.attempts),
+    ):
+        found = [r for r in finished if wanted(r)]
+        if found:
+            return found[-1].id
+    return None
+
+
+def _trail_told(read: ReadModel, now: float) -> bool:
+    return _telling_trail(read) is not None
+
+
 # Each view waits (up to MAX_WAIT_S) for the moment that shows what it is for. Breakers first:
 # the flaky provider is OPEN for only ~15 s at a time.
 VIEWS: tuple[tuple[str, str, Callable[[ReadModel, float], bool]], ...] = (
@@ -49,6 +66,7 @@ VIEWS: tuple[tuple[str, str, Callable[[ReadModel, float], bool]], ...] = (
     ("connections", "3", _always),
     ("lockouts", "4", _some_lockout),
     ("events", "6", _always),
+    ("requests", "7", _trail_told),
     ("settings", "5", _always),
     ("help", "question_mark", _always),
 )
@@ -81,6 +99,10 @@ async def capture(out: Path) -> list[Path]:
                 await _wait_for(app, pilot, ready)
                 await pilot.press(key)
                 await pilot.pause(0.8 if name != "settings" else 3.0)  # the cards mount on first visit
+                if name == "requests":  # the detail pane tells a trail worth reading
+                    picked = _telling_trail(app.runtime.read)
+                    if picked is not None and app.table("requests").select_key(picked):
+                        await pilot.pause(0.8)
                 path = out / f"{name}.svg"
                 path.write_text(
                     app.export_screenshot(title=f"omniroute tui --demo · {name}"), encoding="utf-8"

@@ -26,6 +26,8 @@ from proxy.readmodel import (
     LockoutTableStatus,
     LockoutView,
     Observed,
+    RequestView,
+    StatsView,
     TransitionView,
 )
 
@@ -106,6 +108,8 @@ class Tile:
     style: str
     key: str = ""
     """The provider's id: its row on the Breakers tab."""
+    latency: str = ""
+    """A sparkline of its p50 latency over the last minute and the p50 now (empty: no traffic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,8 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
         Column("retry", "Retry in", 8),
         Column("cycles", "Open cycles"),
         Column("last_failure", "Last failure"),
+        Column("p50", "p50 5m"),
+        Column("errors", "Errors 5m"),
     ),
     "connections": (
         Column("provider", "Provider"),
@@ -177,6 +183,8 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
         Column("error", "Last error"),
         Column("code", "Code"),
         Column("in_flight", "In-flight/max"),
+        Column("p50", "p50 5m"),
+        Column("errors", "Errors 5m"),
     ),
     "lockouts": (
         Column("provider", "Provider"),
@@ -194,6 +202,18 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
         Column("change", "From → to"),
         Column("reason", "Reason", cap=60),
     ),
+    "requests": (
+        Column("time", "Time"),
+        Column("id", "Id"),
+        # Capped so that the nine columns fit 120 cells; the detail pane shows each value whole.
+        Column("model", "Model", cap=18),
+        Column("went_to", "Went to", cap=20),
+        Column("attempts", "Attempts"),
+        Column("status", "Status", cap=18),
+        Column("duration", "Duration", 8),
+        Column("ttft", "TTFT"),
+        Column("tokens", "Tokens"),
+    ),
 }
 
 DEFAULT_VIEWS: Final[dict[str, View]] = {
@@ -201,6 +221,7 @@ DEFAULT_VIEWS: Final[dict[str, View]] = {
     "connections": View(sort=2),
     "lockouts": View(sort=5, reverse=True),  # longest remaining first
     "events": View(sort=0, reverse=True),  # newest first
+    "requests": View(sort=0, reverse=True),  # alive on top, then newest first
 }
 
 _BREAKER_RANK = {"OPEN": 0, "HALF_OPEN": 1, "DEGRADED": 2, "CLOSED": 3}
@@ -221,7 +242,16 @@ def _search(*parts: str) -> str:
 # -- breakers -------------------------------------------------------------------------------------
 
 
-def breaker_row(b: BreakerView) -> Row:
+def _traffic_cells(stats: StatsView | None) -> tuple[tuple[str, str], tuple[float, float]]:
+    """The p50 and error-rate cells (5 minutes) of a breaker or connection row, and their sort keys."""
+    if stats is None or not stats.requests:
+        return (fmt.NONE, fmt.NONE), (-1.0, -1.0)
+    cells = fmt.traffic(stats.requests, stats.p50_ms, stats.error_rate)
+    return cells, (stats.p50_ms or 0.0, stats.error_rate or 0.0)
+
+
+def breaker_row(b: BreakerView, stats: StatsView | None = None) -> Row:
+    (p50, errors), (p50_key, errors_key) = _traffic_cells(stats)
     state = b.state
     retry = b.retry_after_ms
     pid = visible(b.provider)
@@ -238,6 +268,8 @@ def breaker_row(b: BreakerView) -> Row:
             fmt.countdown(retry),
             str(b.open_cycles),
             fmt.clock_time(last),
+            p50,
+            errors,
         ),
         sort_keys=(
             pid,
@@ -248,6 +280,8 @@ def breaker_row(b: BreakerView) -> Row:
             retry,
             float(b.open_cycles),
             last or 0.0,
+            p50_key,
+            errors_key,
         ),
         style=fmt.BREAKER_STYLES[state],
         target=(b.provider,),
@@ -282,7 +316,8 @@ def breaker_detail(b: BreakerView, history: Sequence[TransitionView], now: float
 # -- connections ----------------------------------------------------------------------------------
 
 
-def connection_row(c: ConnectionView) -> Row:
+def connection_row(c: ConnectionView, stats: StatsView | None = None) -> Row:
+    (p50, errors), (p50_key, errors_key) = _traffic_cells(stats)
     status = c.status
     left = c.remaining_ms
     provider, cid = visible(c.provider), visible(c.id)
@@ -297,6 +332,8 @@ def connection_row(c: ConnectionView) -> Row:
             fmt.clip(fmt.readable_error(c.last_error), 32),
             str(c.error_code) if c.error_code is not None else fmt.NONE,
             fmt.in_flight(c.in_flight, c.max_concurrent),
+            p50,
+            errors,
         ),
         sort_keys=(
             c.provider,
@@ -307,6 +344,8 @@ def connection_row(c: ConnectionView) -> Row:
             c.last_error or "",
             float(c.error_code or 0),
             float(c.in_flight),
+            p50_key,
+            errors_key,
         ),
         style=fmt.CONNECTION_STYLES[status],
         target=(c.id,),
@@ -431,6 +470,106 @@ def lockout_detail(entry: LockoutView, history: Iterable[Entry]) -> Detail:
     )
 
 
+# -- requests -------------------------------------------------------------------------------------
+
+ALIVE_FIRST: Final = 1e14
+"""Added to an alive request's Time sort key: newest-first puts every alive request on top."""
+_REQUEST_STYLES: Final = fmt.REQUEST_STATE_STYLES
+
+
+def request_where(r: RequestView) -> str:
+    if not r.attempts:
+        return fmt.NONE
+    last = r.attempts[-1]
+    return visible(f"{last.provider}/{last.connection_id}")
+
+
+def request_status(r: RequestView) -> str:
+    """`200`, `429 all_targets_cooling`, `client gone`, or the alive state (`waiting`)."""
+    if r.alive or r.status is None:
+        return r.state.replace("_", " ")
+    if r.state == "client_gone":
+        return "client gone"
+    return f"{r.status} {visible(r.code)}" if r.state == "failed" and r.code else str(r.status)
+
+
+def request_row(r: RequestView, now: float) -> Row:
+    """A finished request's row never changes; an alive one's Duration is its age, ticking."""
+    alive = r.alive
+    duration = (now - r.started_at) if alive else (r.duration_ms or 0.0)
+    model = visible(r.model_asked or fmt.NONE)
+    went = request_where(r)
+    status = request_status(r)
+    tokens = r.usage.total_tokens if r.usage is not None else None
+    return Row(
+        key=r.id,
+        cells=(
+            fmt.clock_time(r.started_at),
+            r.id[:8],
+            model,
+            went,
+            str(len(r.attempts)),
+            status,
+            fmt.latency(duration),
+            fmt.latency(r.ttft_ms),
+            fmt.count(tokens) if tokens is not None else fmt.NONE,
+        ),
+        sort_keys=(
+            r.started_at + (ALIVE_FIRST if alive else 0.0),
+            r.id,
+            model,
+            went,
+            float(len(r.attempts)),
+            status,
+            duration,
+            r.ttft_ms or 0.0,
+            float(tokens or 0),
+        ),
+        style=_REQUEST_STYLES.get(r.state, fmt.INFO),
+        search=_search(model, went, status, r.id, visible(r.client)),
+    )
+
+
+def request_detail(r: RequestView) -> Detail:
+    """The trail in words, one line per skip, wait and attempt:
+    `key-a  skipped  cooling 12 s (429 rate_limited)` / `key-b  429 in 180 ms → fallback` /
+    `ollama-1  200 in 2.1 s, TTFT 340 ms, 512 tokens`."""
+    lines: list[tuple[str, str]] = []
+    for skip in r.skipped:
+        who = visible(skip.connection_id or skip.target)
+        lines.append((f"{who}  skipped  {visible(skip.reason)}", fmt.WARN))
+    for wait in r.waits:
+        lines.append((f"waited {fmt.latency(wait.ms)}  {visible(wait.reason)}", fmt.PROBE))
+    last = len(r.attempts) - 1
+    for i, a in enumerate(r.attempts):
+        status = str(a.status) if a.status is not None else visible(a.reason)
+        text = f"{visible(a.connection_id)}  {status} in {fmt.latency(a.duration_ms)}"
+        if a.outcome == "ok" and i == last:
+            if r.ttft_ms is not None:
+                text += f", TTFT {fmt.latency(r.ttft_ms)}"
+            if r.usage is not None and r.usage.total_tokens is not None:
+                text += f", {fmt.counted(r.usage.total_tokens, 'token')}"
+        elif a.status is not None and a.outcome != "ok":
+            text += f" ({visible(a.reason.removeprefix(f'{a.status} '))})"
+        words = fmt.OUTCOME_WORDS[a.outcome]
+        style = fmt.OK if a.outcome == "ok" else fmt.BAD if a.outcome in ("fallback", "returned") else fmt.OFF
+        lines.append((f"{text} {words}".rstrip(), style))
+    if not (r.skipped or r.waits or r.attempts):
+        lines.append(("no upstream was tried", fmt.OFF))
+    if r.message:
+        lines.append((f"answered: {fmt.clip(r.message, 200)}", fmt.BAD))
+    size = f"{fmt.count(r.bytes_in)} B in · {fmt.count(r.bytes_out)} B out"
+    lines.append(
+        (
+            f"{visible(r.endpoint)} · {r.route} · {'stream · ' if r.stream else ''}{size} · from {visible(r.client)}",
+            fmt.INFO,
+        )
+    )
+    state = request_status(r)
+    title = f"{r.id} · {visible(r.model_asked or fmt.NONE)} · {state} · at {fmt.clock_time(r.started_at)}"
+    return Detail(title, tuple(lines))
+
+
 # -- events ---------------------------------------------------------------------------------------
 
 
@@ -511,14 +650,33 @@ def select(
 # -- overview and header --------------------------------------------------------------------------
 
 
-def tile(b: BreakerView) -> Tile:
+SPARK_BARS: Final = "▁▂▃▄▅▆▇█"
+TILE_SPARK: Final = 12
+"""Statistics buckets (5 s each) a tile's latency sparkline covers: the last minute."""
+
+
+def latency_spark(series: Sequence[float | None]) -> str:
+    """One bar per bucket, scaled between the lowest and highest p50 shown; a blank: no request."""
+    values = [v for v in series if v is not None]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    extent = high - low or 1.0
+    return "".join(" " if v is None else SPARK_BARS[round((v - low) / extent * 7)] for v in series)
+
+
+def tile(b: BreakerView, latency: Sequence[float | None] = (), p50: float | None = None) -> Tile:
     if b.state == "OPEN":
         text = fmt.duration(b.retry_after_ms)
     elif b.state == "HALF_OPEN":
         text = "probe"
     else:
         text = f"{b.failures}/{b.failure_threshold}"
-    return Tile(visible(b.provider), b.state, text, fmt.BREAKER_STYLES[b.state], key=b.provider)
+    spark = latency_spark(latency)
+    shown = f"{spark} {fmt.latency(p50)}" if spark and p50 is not None else spark
+    return Tile(
+        visible(b.provider), b.state, text, fmt.BREAKER_STYLES[b.state], key=b.provider, latency=shown
+    )
 
 
 def overview(
@@ -528,10 +686,12 @@ def overview(
     longest: Sequence[LockoutView],
     lockout_total: int,
     now: float,
+    latencies: dict[str, tuple[list[float | None], float | None]] | None = None,
 ) -> Overview:
     """`unwell`: the connections that are not active; `longest`: the running lockouts with the most
-    time left, longest first."""
-    tiles = tuple(tile(b) for b in breakers)
+    time left, longest first; `latencies`: per provider, its p50 per bucket and its p50 (1 minute)."""
+    latencies = latencies or {}
+    tiles = tuple(tile(b, *latencies.get(b.provider, ((), None))) for b in breakers)
     worst = heapq.nsmallest(
         OVERVIEW_ROWS, unwell, key=lambda c: (_CONNECTION_RANK[c.status], -c.remaining_ms, c.id)
     )

@@ -112,6 +112,11 @@ class ComboConfig:
     """`provider/model` strings; the provider part names a configured provider."""
 
 
+REQUEST_HISTORY = 2000
+"""Finished request records kept by default (`server.request_history`)."""
+REQUEST_HISTORY_MAX = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -126,6 +131,8 @@ class ServerConfig:
     """Host names (lower-case, no port) answered besides loopback ones when no credential is asked."""
     allowed_origins: tuple[str, ...] = ()
     """Browser origins (`scheme://host[:port]`, lower-case) allowed to call the proxy; default none."""
+    request_history: int = REQUEST_HISTORY
+    """Finished request records kept in memory; 0 turns the request trail and statistics off."""
 
     def bind_refusal(self, host: str | None = None) -> str | None:
         """Why binding `host` (default: the configured one) must be refused, or None when it is safe.
@@ -626,6 +633,7 @@ class _Reader:
                 "idle_timeout_ms",
                 "allowed_hosts",
                 "allowed_origins",
+                "request_history",
             ),
         )
         default_combo = self.str_(t, w, "default_combo")
@@ -646,6 +654,7 @@ class _Reader:
             idle_timeout_ms=self.int_(t, w, "idle_timeout_ms", d.idle_timeout_ms, *_TIMEOUT_RANGE),
             allowed_hosts=self.hosts(t, w),
             allowed_origins=self.origins(t, w),
+            request_history=self.int_(t, w, "request_history", d.request_history, 0, REQUEST_HISTORY_MAX),
         )
         if server.management_token:
             self.inline_secrets.append("server.management_token")

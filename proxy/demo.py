@@ -97,8 +97,10 @@ DEMO_SETTINGS_PATCH: dict[str, Any] = {
 }
 """Applied to the settings group "settings" when the demo starts."""
 DEMO_RESILIENCE_PATCH: dict[str, Any] = {
-    # A demo client should not be held for the default 90 s while everything cools down.
-    "comboCooldownWait": {"maxWaitMs": 3000, "budgetMs": 6000}
+    # A demo client should not be held for the default 90 s while everything cools down; but it
+    # does wait out `ratelimited`'s 5 s Retry-After when both keys cool, so the Requests tab
+    # shows waits too.
+    "comboCooldownWait": {"maxWaitMs": 6000, "budgetMs": 12000}
 }
 """Applied to the settings group "resilience" when the demo starts."""
 
@@ -216,7 +218,7 @@ class _Upstream:
             },
         }
 
-    async def stream(self, model: str, text: str) -> AsyncIterator[bytes]:
+    async def stream(self, model: str, text: str, *, usage: bool = False) -> AsyncIterator[bytes]:
         ident = f"chatcmpl-demo-{self.kind}-{next(self.ids)}"
         created = int(time.time())
 
@@ -235,6 +237,9 @@ class _Upstream:
             await asyncio.sleep(0.02)
             yield chunk({"content": word if i == 0 else " " + word}, None)
         yield chunk({}, "stop")
+        if usage:  # asked for with stream_options.include_usage, as OpenAI does
+            counts = self.completion(model, text)["usage"]
+            yield f"data: {json.dumps({'id': ident, 'object': 'chat.completion.chunk', 'choices': [], 'usage': counts})}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
     def message(self, model: str, text: str) -> dict[str, Any]:
@@ -297,7 +302,9 @@ class _Upstream:
         await self.latency()
         text = self.reply_text(model)
         if body.get("stream") is True:
-            return StreamingResponse(self.stream(model, text), media_type="text/event-stream")
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            return StreamingResponse(self.stream(model, text, usage=usage), media_type="text/event-stream")
         return JSONResponse(self.completion(model, text))
 
     async def completions(self, request: Request) -> Response:
@@ -675,6 +682,8 @@ class DemoTraffic:
                 "messages": [{"role": "user", "content": "Say hello."}],
                 "stream": stream,
             }
+            if stream and model == "demo":  # the Requests tab shows streams with and without usage
+                payload["stream_options"] = {"include_usage": True}
         self.sent += 1
         try:
             async with session.post(f"{self.base_url}/v1/{endpoint}", json=payload) as response:

@@ -497,6 +497,11 @@ class Engine:
             return Attempt(target, provider, best, False, now, best is pinned)
         return NoTarget(tuple(self._explain(targets, tried_set or set(), now)))
 
+    def explain(self, targets: Sequence[Target], tried: set[str]) -> list[Skip]:
+        """Why each of `targets` (or one of its connections) cannot take a request now; `tried` holds
+        the connection ids the request already attempted. For the request trail's skips."""
+        return list(self._explain(targets, tried, self.clock.now()))
+
     def _explain(self, targets: Sequence[Target], tried: set[str], now: float) -> Iterable[Skip]:
         """The slow path: why each target was skipped (only computed when nothing was eligible)."""
         for target in targets:

@@ -106,7 +106,7 @@ class Guard:
                 )
 
     def _credential_needed(self, path: str) -> bool:
-        if path.startswith("/api/"):
+        if _managed(path):
             return self.management_token is not None
         return path.startswith("/v1/") and bool(self.api_keys)
 
@@ -133,7 +133,7 @@ class Guard:
     def _access(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
         """Steps 3 and 4: credentials and the body's type."""
         path: str = scope.get("path", "")
-        if path.startswith("/api/"):
+        if _managed(path):
             if self.management_token is None:
                 client = scope.get("client")
                 if client is None or not is_loopback_host(client[0]):
@@ -165,6 +165,11 @@ class Guard:
             return False
         origin = normal_origin(header.decode("latin-1"))
         return origin is not None and origin in self.allowed_origins
+
+
+def _managed(path: str) -> bool:
+    """Behind the management token (or loopback): the management API, and the metrics Prometheus scrapes."""
+    return path.startswith("/api/") or path == "/metrics"
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:

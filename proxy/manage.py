@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from proxy import untrusted
 from proxy.openapi import openapi_route
+from proxy.readmodel import DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS_LIMIT, WINDOWS
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
@@ -133,6 +134,19 @@ def _text(body: dict[str, Any], key: str, errors: list[FieldError], *, required:
         errors.append(FieldError(key, "must be text (it holds a lone surrogate escape)"))
         return None
     return value
+
+
+def _query_int(text: str | None, name: str, lo: int, hi: int, default: int, errors: list[FieldError]) -> int:
+    """A query parameter that must be an integer in [lo, hi] (its digits checked before int())."""
+    if text is None:
+        return default
+    digits = text.lstrip("0") or "0"
+    if text.isascii() and text.isdecimal() and len(digits) <= _MAX_SEQ_DIGITS and lo <= int(digits) <= hi:
+        return int(digits)
+    errors.append(
+        FieldError(name, f"must be an integer from {lo:,} to {hi:,} (got {untrusted.echo(text)!r})")
+    )
+    return default
 
 
 def management_routes(runtime: Runtime) -> list[Route]:
@@ -282,6 +296,49 @@ def management_routes(runtime: Runtime) -> list[Route]:
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
 
+    # -- the traffic --------------------------------------------------------------------------
+
+    async def requests(request: Request) -> Response:
+        query = request.query_params
+        errors: list[FieldError] = []
+        after = _query_int(query.get("after"), "after", 0, 10**_MAX_SEQ_DIGITS - 1, 0, errors)
+        limit = _query_int(query.get("limit"), "limit", 1, MAX_REQUESTS_LIMIT, DEFAULT_REQUESTS_LIMIT, errors)
+        state = query.get("state")
+        if state is not None and state not in ("alive", "done"):
+            errors.append(FieldError("state", f"must be alive or done (got {untrusted.echo(state)!r})"))
+        if errors:
+            raise _invalid(errors)
+        found = runtime.read.requests(after=after, limit=limit, state=state)
+        return json_response({"requests": [r.to_api() for r in found]})
+
+    async def one_request(request: Request) -> Response:
+        request_id = request.path_params["id"]
+        found = runtime.read.request(request_id)
+        if found is None:
+            raise _Rejected(
+                404,
+                f"no request {untrusted.echo(request_id)!r} in the trail (alive or among the last"
+                f" {runtime.config.server.request_history:,})",
+            )
+        return json_response({"request": found.to_api()})
+
+    async def stats(request: Request) -> Response:
+        window = request.query_params.get("window", DEFAULT_WINDOW)
+        if window not in WINDOWS:
+            raise _invalid(
+                [
+                    FieldError(
+                        "window", f"must be one of {', '.join(WINDOWS)} (got {untrusted.echo(window)!r})"
+                    )
+                ]
+            )
+        return json_response(runtime.read.stats(window, runtime.read.now()).to_api())
+
+    async def metrics(request: Request) -> Response:
+        from proxy.metrics import CONTENT_TYPE_LATEST, exposition  # only a scrape loads the library
+
+        return Response(exposition(runtime), media_type=CONTENT_TYPE_LATEST)
+
     return [
         Route("/api/monitoring/health", _answers(health), methods=["GET"]),
         Route("/api/monitoring/health", _answers(reset_all_breakers), methods=["DELETE"]),
@@ -295,5 +352,9 @@ def management_routes(runtime: Runtime) -> list[Route]:
         *settings_routes("/api/settings", "settings"),
         Route("/api/events", _answers(events), methods=["GET"]),
         Route("/api/stream", stream, methods=["GET"]),
+        Route("/api/requests", _answers(requests), methods=["GET"]),
+        Route("/api/requests/{id}", _answers(one_request), methods=["GET"]),
+        Route("/api/stats", _answers(stats), methods=["GET"]),
+        Route("/metrics", _answers(metrics), methods=["GET"]),
         openapi_route(),
     ]

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from proxy import __version__
 from proxy.apis import API_NAMES
+from proxy.readmodel import ALIVE_STATES, DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS_LIMIT, WINDOWS
 from proxy.settings import INT_LIST_MAX_ITEMS, SCHEMA, SECTIONS, FieldSpec
 
 __all__ = ["PATH", "document", "openapi_route"]
@@ -259,6 +260,79 @@ def _schemas() -> dict[str, Schema]:
                 "from": _STR,
                 "to": _STR,
                 "reason": _STR,
+            }
+        ),
+        "Usage": _obj(
+            {
+                "promptTokens": _nullable("integer", minimum=0),
+                "completionTokens": _nullable("integer", minimum=0),
+                "totalTokens": _nullable("integer", minimum=0),
+            }
+        ),
+        "Attempt": _obj(
+            {
+                "target": {**_STR, "description": "provider/model"},
+                "provider": _STR,
+                "connectionId": _STR,
+                "startedAt": _TIME,
+                "durationMs": _MS,
+                "status": _nullable("integer", description="after restatement; null when nothing answered"),
+                "outcome": {"type": "string", "enum": ["ok", "fallback", "returned", "disconnect", "local"]},
+                "reason": {
+                    **_STR,
+                    "description": "in words: `429 rate_limited`, `timeout before the response headers`",
+                },
+            }
+        ),
+        "TrailSkip": _obj(
+            {
+                "target": {**_STR, "description": "provider/model"},
+                "connectionId": _nullable("string"),
+                "reason": {
+                    **_STR,
+                    "description": "in words: `cooling 12 s (429 rate_limited)`, `breaker OPEN, probe in 8 s`",
+                },
+                "retryAfterMs": _nullable("integer", minimum=0),
+            }
+        ),
+        "Wait": _obj({"ms": _MS, "reason": _STR}),
+        "Request": _obj(
+            {
+                "id": {**_STR, "description": "the X-Request-Id the client received"},
+                "seq": {"type": "integer", "minimum": 1},
+                "startedAt": _TIME,
+                "endedAt": _TIME,
+                "state": {"type": "string", "enum": [*ALIVE_STATES, "done", "failed", "client_gone"]},
+                "client": {**_STR, "description": "the client's address"},
+                "endpoint": {
+                    **_STR,
+                    "description": "chat/completions, completions, embeddings, messages or responses",
+                },
+                "modelAsked": _nullable("string"),
+                "route": {"type": "string", "enum": ["combo", "target", "bare"]},
+                "stream": _BOOL,
+                "status": _nullable("integer"),
+                "code": _nullable("string"),
+                "message": _nullable("string"),
+                "durationMs": _nullable("integer", minimum=0),
+                "ttftMs": _nullable("integer", minimum=0),
+                "usage": {"oneOf": [_ref("Usage"), {"type": "null"}]},
+                "bytesIn": _INT,
+                "bytesOut": _INT,
+                "attempts": {"type": "array", "items": _ref("Attempt")},
+                "skipped": {"type": "array", "items": _ref("TrailSkip")},
+                "waits": {"type": "array", "items": _ref("Wait")},
+            }
+        ),
+        "Stats": _obj(
+            {
+                "requests": _INT,
+                "errors": _INT,
+                "errorRate": _nullable("number", minimum=0, maximum=1),
+                "p50Ms": _nullable("number"),
+                "p95Ms": _nullable("number"),
+                "ttftP50Ms": _nullable("number"),
+                "tokensPerSecond": _nullable("number"),
             }
         ),
         "ResilienceSettings": _settings_schema("resilience", partial=False),
@@ -522,6 +596,55 @@ def _paths() -> dict[str, Schema]:
                         "description": "the last message's `id`: resume after it (a snapshot when it is gone)",
                     }
                 ],
+            )
+        },
+        "/api/requests": {
+            "get": _op(
+                "Request records (alive and the last server.request_history finished), oldest first",
+                _json(_obj({"requests": {"type": "array", "items": _ref("Request")}}), "the records"),
+                errors={"400": _error("`after`, `limit` or `state` out of range (`invalid_request`, with `fields`)")},
+                parameters=[
+                    {"name": "after", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 0, "default": 0}, "description": "only records with a greater `seq`"},
+                    {"name": "limit", "in": "query", "required": False,
+                     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_REQUESTS_LIMIT, "default": DEFAULT_REQUESTS_LIMIT}},
+                    {"name": "state", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": ["alive", "done"]}, "description": "alive or finished ones only"},
+                ],
+            )
+        },
+        "/api/requests/{id}": {
+            "get": _op(
+                "One request record",
+                _json(_obj({"request": _ref("Request")}), "the record"),
+                errors={"404": _error("not alive and no longer in the ring (`not_found`)")},
+                parameters=[{"name": "id", "in": "path", "required": True, "schema": _STR, "description": "its X-Request-Id"}],
+            )
+        },
+        "/api/stats": {
+            "get": _op(
+                "Traffic per provider and connection over a sliding window",
+                _json(
+                    _obj(
+                        {
+                            "window": {"type": "string", "enum": list(WINDOWS)},
+                            "providers": {"type": "object", "additionalProperties": _ref("Stats")},
+                            "connections": {"type": "object", "additionalProperties": _ref("Stats")},
+                        }
+                    ),
+                    "the statistics",
+                ),
+                errors={"400": _error("unknown `window` (`invalid_request`, with `fields`)")},
+                parameters=[
+                    {"name": "window", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": list(WINDOWS), "default": DEFAULT_WINDOW}},
+                ],
+            )
+        },
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics (text exposition format); guarded like /api",
+                {"description": "the metrics", "content": {"text/plain": {"schema": _STR}}},
             )
         },
         PATH: {"get": _op("This document", _json({"type": "object"}, "OpenAPI 3.1"))},

@@ -50,6 +50,7 @@ from proxy.responses import ErrorResponse, error_response, sse_error
 from proxy.router import Router
 from proxy.scrub import Scrubber, StreamScrubber
 from proxy.sse import SSEParser
+from proxy.trail import RequestRecord, Trail, error_of, stream_usage, usage_of
 from proxy.upstream import MAX_ERROR_BODY, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class _Progress:
     waited_ms: float = 0.0
     api_skips: tuple[Skip, ...] = ()
     """Targets left out before the first attempt because their provider does not speak the API."""
+    record: RequestRecord | None = None
+    """The request's record in the trail (None when recording is off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +146,20 @@ def upstream_headers(
 
 
 class Pipeline:
-    def __init__(self, config: Config, engine: Engine, router: Router, upstream: UpstreamClient) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        router: Router,
+        upstream: UpstreamClient,
+        trail: Trail | None = None,
+    ) -> None:
         self.config = config
         self.engine = engine
         self.router = router
         self.upstream = upstream
+        self.trail = trail
+        """Where each request leaves its record (None: recording is off)."""
         self.waiting = 0
         """Requests waiting out a cooldown right now (cooldown-aware retry)."""
         self.owners: ResponseOwners | None = None
@@ -169,6 +181,20 @@ class Pipeline:
         return response
 
     async def handle(self, request: Request, endpoint: str) -> Response:
+        trail = self.trail
+        if trail is None:
+            return await self._handle(request, endpoint, None)
+        record = trail.begin(_request_id(request), _client(request), endpoint)
+        response: Response | None = None
+        try:
+            response = await self._handle(request, endpoint, record)
+            return response
+        finally:
+            # A relayed stream ends its record itself, when the stream ends.
+            if not isinstance(response, _RelayResponse):
+                _ended(trail, record, response)
+
+    async def _handle(self, request: Request, endpoint: str, record: RequestRecord | None) -> Response:
         try:
             raw = await _read_body(request)
         except BodyTooLarge:
@@ -197,6 +223,8 @@ class Pipeline:
         except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
             return error_response(400, "request body is nested too deeply", "invalid_json")
         stream = endpoint != "embeddings" and body.get("stream") is True
+        if record is not None:
+            record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
 
         pinned = request.headers.get("x-omniroute-connection")
         route = await self.router.resolve(model, pinned)
@@ -236,13 +264,15 @@ class Pipeline:
         if api in ("messages", "responses"):
             client = {h: request.headers[h] for h in CLIENT_HEADERS if h in request.headers}
             wire = Wire(api, client, self.owners if api == "responses" else None)
+        if record is not None:
+            record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
 
         stats = self.engine.stats
         stats.started()
         response: Response | None = None
         try:
             response = await _while_connected(
-                request, self._route(endpoint, rest, targets, stream, session, skips, wire)
+                request, self._route(endpoint, rest, targets, stream, session, skips, wire, record)
             )
             return response
         finally:
@@ -262,16 +292,22 @@ class Pipeline:
         session: str | None,
         skips: tuple[Skip, ...] = (),
         wire: Wire | None = None,
+        record: RequestRecord | None = None,
     ) -> Response:
         engine = self.engine
-        progress = _Progress(api_skips=skips)
+        trail = self.trail
+        progress = _Progress(api_skips=skips, record=record)
         while True:
             decision = engine.select(targets, tried=progress.tried, session=session)
             if isinstance(decision, NoTarget):
+                if record is not None and trail is not None:
+                    trail.nothing_eligible(record, decision)
                 if not await self._maybe_wait(decision, progress):
                     return self._unavailable(decision, progress, targets)
                 progress.tried.clear()
                 continue
+            if record is not None and trail is not None:
+                trail.passed_over(record, decision, targets, progress.tried)
             response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session, wire)
             if response is not None:
                 return response
@@ -298,10 +334,15 @@ class Pipeline:
         progress.waits += 1
         progress.waited_ms += delay_ms
         self.waiting += 1
+        record, trail = progress.record, self.trail
+        if record is not None and trail is not None:
+            trail.state(record, "waiting")
         try:
             await sleep_until(self.engine.clock, now + delay_ms)
         finally:
             self.waiting -= 1
+            if record is not None and trail is not None:
+                trail.waited(record, self.engine.clock.now() - now, decision)
         return True
 
     async def _attempt(
@@ -337,7 +378,7 @@ class Pipeline:
         if wire is not None or provider_config.auth != "bearer":
             extra, credentials, api_key = upstream_headers(provider_config, api_key, wire)
 
-        scope = _AttemptScope(engine, attempt, session)
+        scope = _AttemptScope(engine, attempt, session, self.trail, progress.record)
         try:
             try:
                 upstream = await self._dispatch(scope, url, data, api_key, extra, credentials)
@@ -391,7 +432,9 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
-            if _claims_json(upstream.content_type) and not _is_json(content):
+            claims_json = _claims_json(upstream.content_type)
+            parsed = _parsed(content) if claims_json else _NOT_JSON
+            if claims_json and parsed is _NOT_JSON:
                 # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
                 # off) is no success: the client could not use it, so the next candidate is tried.
                 broken = Outcome.network(
@@ -402,6 +445,8 @@ class Pipeline:
             scope.finish(Outcome.ok(upstream.status))
             if wire is not None and wire.owners is not None:
                 wire.seen(conn.spec.id, _json_object(content))
+            if progress.record is not None:
+                progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
             return Response(
                 scrub.secrets(content),
                 status_code=upstream.status,
@@ -480,6 +525,7 @@ class Pipeline:
         """
         engine = self.engine
         attempt = scope.attempt
+        record, trail = scope.record, scope.trail
         limiter = engine.limiter_for(attempt.connection, attempt.provider)
         ticket = limiter.admit() if limiter is not None else None
         scope.ticket = ticket
@@ -487,6 +533,8 @@ class Pipeline:
         sem = attempt.connection.semaphore
         if sem is not None:
             quota = engine.settings.quota_share()
+            if record is not None and trail is not None and quota.enabled:
+                trail.state(record, "slot")
             if quota.enabled and await sem.acquire(
                 queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
             ):
@@ -495,7 +543,11 @@ class Pipeline:
         def still_wanted() -> bool:  # asked while queued: a key that started cooling is not sent to
             return engine.still_eligible(attempt)
 
+        if ticket is not None and record is not None and trail is not None:
+            trail.state(record, "queued")
         dispatch = await ticket.dispatch(still_wanted) if ticket is not None else None
+        if record is not None and trail is not None:
+            trail.state(record, "upstream")
         engine.probe_alive(attempt)
         send = self.upstream.send(
             "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
@@ -535,11 +587,18 @@ class Pipeline:
 
         attempt = scope.attempt
         probe = attempt.probe
+        record, trail = scope.record, scope.trail
 
         async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
             parser = SSEParser() if watchdog is not None else None
+            # The trail's share of a stream: a byte count, and the last two chunks (the usage
+            # chunk comes last) to read the usage from when it ends. No parsing per chunk.
+            sent = len(first)
+            previous, last = b"", first
             try:
+                if record is not None and trail is not None:
+                    trail.first_byte(record)
                 yield first
                 if parser is not None and watchdog is not None:
                     _observe(parser, watchdog, first, engine.clock.now())
@@ -555,6 +614,8 @@ class Pipeline:
                                 "the upstream stream stalled (throughput watchdog)", "stream_stalled"
                             )
                             return
+                    sent += len(chunk)
+                    previous, last = last, chunk
                     yield chunk
                 outcome = Outcome.ok(upstream.status)
             except UpstreamFailure as failure:
@@ -565,6 +626,9 @@ class Pipeline:
             finally:
                 # Synchronous on purpose: this also runs on GeneratorExit from aclose().
                 scope.finish(outcome or Outcome.disconnect())
+                if record is not None:
+                    record.bytes_out = sent
+                    record.usage = stream_usage(previous + last)
 
         return _RelayResponse(
             _scrubbed(relay(), engine.scrubber),
@@ -640,10 +704,15 @@ class Pipeline:
         attempt = scope.attempt
         probe = attempt.probe
         first = b"".join(head)
+        record, trail = scope.record, scope.trail
 
         async def relay() -> AsyncGenerator[bytes, None]:
             outcome: Outcome | None = None
+            sent = len(first)  # the trail's share, as in _start_stream: a count and the last chunks
+            previous, last = b"", first
             try:
+                if record is not None and trail is not None:
+                    trail.first_byte(record)
                 yield first
                 if ended is not None:
                     outcome = _stream_failure(ended, engine.scrubber)
@@ -672,6 +741,8 @@ class Pipeline:
                                 "the upstream stream stalled (throughput watchdog)", "stream_stalled"
                             )
                             return
+                    sent += len(chunk)
+                    previous, last = last, chunk
                     yield chunk
                     if error is not None:
                         outcome = _stream_failure(error, engine.scrubber)
@@ -685,6 +756,9 @@ class Pipeline:
             finally:
                 # Synchronous on purpose: this also runs on GeneratorExit from aclose().
                 scope.finish(outcome or Outcome.disconnect())
+                if record is not None:
+                    record.bytes_out = sent
+                    record.usage = stream_usage(previous + last)
 
         return _RelayResponse(
             _scrubbed(relay(), engine.scrubber),
@@ -852,12 +926,55 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _is_json(content: bytes) -> bool:
+_NOT_JSON = object()
+
+
+def _parsed(content: bytes) -> object:
+    """The JSON document `content` holds, or _NOT_JSON."""
     try:
-        json.loads(content)
+        return json.loads(content)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return False
-    return True
+        return _NOT_JSON
+
+
+# -- the request trail's ends ------------------------------------------------------------------------
+
+
+def _request_id(request: Request) -> str:
+    state = request.scope.get("state")
+    found = state.get("request_id") if isinstance(state, dict) else None
+    return found if isinstance(found, str) else f"local-{id(request):x}"
+
+
+def _client(request: Request) -> str:
+    client = request.client
+    return client.host if client is not None else "unknown"
+
+
+def _ended(trail: Trail, record: RequestRecord, response: Response | None) -> None:
+    """A request answered without a relayed stream: its status, and for an error what it said."""
+    if response is None:  # the handler was cancelled (shutdown): nobody got an answer
+        record.code, record.message = "cancelled", "the server stopped before it answered"
+        trail.end(record, None, state="client_gone")
+        return
+    status = response.status_code
+    body = response.body if not isinstance(response, StreamingResponse) else b""
+    record.bytes_out = len(body)
+    if status >= 400:
+        record.code, record.message = error_of(bytes(body))
+    trail.end(record, status)
+
+
+def _stream_ended(trail: Trail, record: RequestRecord, status: int, outcome: Outcome | None) -> None:
+    if outcome is None or outcome.kind is OutcomeKind.CLIENT_DISCONNECT:
+        record.code, record.message = "client_disconnected", "the client went away during the stream"
+        trail.end(record, status, state="client_gone")
+    elif not outcome.is_success:
+        record.code = "stream_stalled" if outcome.kind is OutcomeKind.STALL else "stream_interrupted"
+        record.message = trail.engine.scrubber(outcome.error) or None
+        trail.end(record, status, state="failed")
+    else:
+        trail.end(record, status)
 
 
 def _shown_url(url: str) -> str:
@@ -889,16 +1006,27 @@ class _AttemptScope:
         "engine",
         "handed_off",
         "outcome",
+        "record",
         "semaphore",
         "session",
         "ticket",
+        "trail",
         "upstream",
     )
 
-    def __init__(self, engine: Engine, attempt: Attempt, session: str | None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        attempt: Attempt,
+        session: str | None,
+        trail: Trail | None = None,
+        record: RequestRecord | None = None,
+    ) -> None:
         self.engine = engine
         self.attempt = attempt
         self.session = session
+        self.trail = trail
+        self.record = record if trail is not None else None
         self.ticket: Ticket | None = None
         self.semaphore: ConnectionSemaphore | None = None
         self.upstream: UpstreamResponse | None = None
@@ -912,10 +1040,19 @@ class _AttemptScope:
             return self._finished
         self.outcome = outcome
         try:
-            self._finished = self.engine.record(self.attempt, outcome, session=self.session)
+            self._finished = recorded = self.engine.record(self.attempt, outcome, session=self.session)
         finally:
             self._release()
-        return self._finished
+        if self.record is not None and self.trail is not None:
+            self.trail.attempt(
+                self.record,
+                self.attempt,
+                outcome,
+                recorded.verdict,
+                recorded.status,
+                committed=self.handed_off,
+            )
+        return recorded
 
     def close(self) -> None:
         if self.outcome is None:
@@ -986,6 +1123,8 @@ class _RelayResponse(StreamingResponse):
                 engine = attempt.engine
                 outcome = attempt.outcome
                 engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+                if attempt.record is not None and attempt.trail is not None:
+                    _stream_ended(attempt.trail, attempt.record, self.status_code, outcome)
 
 
 def _encode_without_model(body: dict[str, Any]) -> bytes:

@@ -14,15 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
 from proxy.resilience.breaker import escalated_reset_timeout_ms
 from proxy.resilience.events import Event, EventBus
 from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus
-from proxy.resilience.timefmt import epoch_ms
+from proxy.resilience.timefmt import epoch_ms, iso
+
+if TYPE_CHECKING:
+    from proxy.trail import Trail
 
 __all__ = [
+    "ALIVE_STATES",
+    "DEFAULT_REQUESTS_LIMIT",
+    "DEFAULT_WINDOW",
+    "MAX_REQUESTS_LIMIT",
+    "WINDOWS",
+    "AttemptView",
     "BreakerView",
     "ConnectionView",
     "Event",
@@ -30,8 +39,14 @@ __all__ = [
     "LockoutView",
     "Observed",
     "ReadModel",
+    "RequestView",
+    "SkipView",
+    "StatsReport",
+    "StatsView",
     "Traffic",
     "TransitionView",
+    "UsageView",
+    "WaitView",
     "breaker_view",
     "connection_view",
     "event_view",
@@ -39,6 +54,17 @@ __all__ = [
     "lockout_view",
     "reset_timeout_ms",
 ]
+
+ALIVE_STATES = ("queued", "waiting", "slot", "upstream", "streaming")
+"""A request record's states while the request runs; it ends `done`, `failed` or `client_gone`."""
+WINDOWS: dict[str, int] = {"1m": 60_000, "5m": 300_000, "15m": 900_000}
+"""The statistics' sliding windows, by the name `GET /api/stats?window=` takes, in ms."""
+DEFAULT_WINDOW = "5m"
+"""The window the statistics are read over when none is named (the API, the CLI, the console)."""
+DEFAULT_REQUESTS_LIMIT = 200
+MAX_REQUESTS_LIMIT = 1000
+"""`GET /api/requests?limit=`: its default and its ceiling."""
+AttemptOutcome = Literal["ok", "fallback", "returned", "disconnect", "local"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +112,8 @@ class ConnectionView:
     masked_key: str | None
     in_flight: int
     max_concurrent: int | None
+    queued: int = 0
+    """Requests waiting in its request queue (0 when it has none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,16 +172,201 @@ class Observed(Protocol):
     def lockout(self, provider: str, connection_id: str, model: str) -> LockoutView | None: ...
     def lockouts_of(self, provider: str, connection_id: str, now: float) -> list[LockoutView]: ...
     def lockout_table(self) -> LockoutTableStatus: ...
+    # the traffic (docs/api.md#the-traffic-requests-and-statistics)
+    @property
+    def recording(self) -> bool: ...
+    @property
+    def requests_version(self) -> int: ...
+    @property
+    def request_history(self) -> int: ...
+    def alive_requests(self) -> list[RequestView]: ...
+    def alive_count(self) -> int: ...
+    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]: ...
+    def stats(self, window: str, now: float) -> StatsReport: ...
+    def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]: ...
+
+
+# -- the traffic: request records and statistics ----------------------------------------------------
+#
+# Each view's `to_api()` is the management API's JSON for it (camelCase), so the API, the console
+# and a remote observer all read one shape.
+
+
+@dataclass(frozen=True, slots=True)
+class UsageView:
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    total_tokens: int | None
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "promptTokens": self.prompt_tokens,
+            "completionTokens": self.completion_tokens,
+            "totalTokens": self.total_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    target: str
+    provider: str
+    connection_id: str
+    started_at: float
+    duration_ms: float
+    status: int | None
+    """The status after restatement; None when the upstream never answered."""
+    outcome: AttemptOutcome
+    reason: str
+    """A short sentence: "429 rate_limited", "timeout before the response headers"..."""
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "provider": self.provider,
+            "connectionId": self.connection_id,
+            "startedAt": iso(self.started_at),
+            "durationMs": round(self.duration_ms),
+            "status": self.status,
+            "outcome": self.outcome,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SkipView:
+    target: str
+    connection_id: str | None
+    reason: str
+    """In words: "cooling 12 s (429 rate_limited)", "breaker OPEN, probe in 8 s"..."""
+    retry_after_ms: int | None
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "connectionId": self.connection_id,
+            "reason": self.reason,
+            "retryAfterMs": self.retry_after_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WaitView:
+    ms: float
+    reason: str
+
+    def to_api(self) -> dict[str, object]:
+        return {"ms": round(self.ms), "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request record as read now: what a `/v1` request went through; never its text."""
+
+    id: str
+    seq: int
+    started_at: float
+    ended_at: float | None
+    state: str
+    """While alive: one of ALIVE_STATES; at the end: done, failed or client_gone."""
+    client: str
+    endpoint: str
+    model_asked: str | None
+    route: str
+    """combo, target (provider/model) or bare (a model name some provider lists)."""
+    stream: bool
+    status: int | None
+    code: str | None
+    message: str | None
+    duration_ms: float | None
+    ttft_ms: float | None
+    usage: UsageView | None
+    bytes_in: int
+    bytes_out: int
+    attempts: tuple[AttemptView, ...]
+    skipped: tuple[SkipView, ...]
+    waits: tuple[WaitView, ...]
+
+    @property
+    def alive(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def failed(self) -> bool:
+        return self.state in ("failed", "client_gone")
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "seq": self.seq,
+            "startedAt": iso(self.started_at),
+            "endedAt": iso(self.ended_at),
+            "state": self.state,
+            "client": self.client,
+            "endpoint": self.endpoint,
+            "modelAsked": self.model_asked,
+            "route": self.route,
+            "stream": self.stream,
+            "status": self.status,
+            "code": self.code,
+            "message": self.message,
+            "durationMs": None if self.duration_ms is None else round(self.duration_ms),
+            "ttftMs": None if self.ttft_ms is None else round(self.ttft_ms),
+            "usage": None if self.usage is None else self.usage.to_api(),
+            "bytesIn": self.bytes_in,
+            "bytesOut": self.bytes_out,
+            "attempts": [a.to_api() for a in self.attempts],
+            "skipped": [s.to_api() for s in self.skipped],
+            "waits": [w.to_api() for w in self.waits],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StatsView:
+    """One provider's or connection's traffic over one window; None where there is no sample."""
+
+    requests: int
+    errors: int
+    error_rate: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    ttft_p50_ms: float | None
+    tokens_per_second: float | None
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "errorRate": self.error_rate,
+            "p50Ms": self.p50_ms,
+            "p95Ms": self.p95_ms,
+            "ttftP50Ms": self.ttft_p50_ms,
+            "tokensPerSecond": self.tokens_per_second,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReport:
+    window: str
+    providers: dict[str, StatsView]
+    connections: dict[str, StatsView]
+
+    def to_api(self) -> dict[str, object]:
+        return {
+            "window": self.window,
+            "providers": {k: v.to_api() for k, v in self.providers.items()},
+            "connections": {k: v.to_api() for k, v in self.connections.items()},
+        }
 
 
 class ReadModel:
-    """Read-only views of one engine and its event bus."""
+    """Read-only views of one engine, its event bus and its request trail."""
 
-    __slots__ = ("_bus", "_engine", "version")
+    __slots__ = ("_bus", "_engine", "_trail", "version")
 
-    def __init__(self, engine: Engine, bus: EventBus, version: str) -> None:
+    def __init__(self, engine: Engine, bus: EventBus, version: str, trail: Trail | None = None) -> None:
         self._engine = engine
         self._bus = bus
+        self._trail = trail
         self.version = version
 
     # -- time --------------------------------------------------------------------------------------
@@ -246,6 +459,62 @@ class ReadModel:
     def lockout_table(self) -> LockoutTableStatus:
         return self._engine.lockout_table_status()
 
+    # -- the traffic -------------------------------------------------------------------------------
+
+    @property
+    def recording(self) -> bool:
+        """False when `server.request_history` is 0: no records, no statistics."""
+        return self._trail is not None
+
+    @property
+    def requests_version(self) -> int:
+        """Changes whenever a request record is created, changes state or ends (cheap to poll)."""
+        return self._trail.version if self._trail is not None else 0
+
+    def requests(
+        self, *, after: int = 0, limit: int | None = None, state: str | None = None
+    ) -> list[RequestView]:
+        """Records oldest first (by `seq`), alive ones included unless `state` is "done"."""
+        if self._trail is None:
+            return []
+        return self._trail.views(after=after, limit=limit, state=state)
+
+    @property
+    def request_history(self) -> int:
+        """How many finished records the ring keeps (0: recording is off)."""
+        return self._trail.capacity if self._trail is not None else 0
+
+    def alive_requests(self) -> list[RequestView]:
+        return self._trail.alive_views() if self._trail is not None else []
+
+    def alive_count(self) -> int:
+        return len(self._trail.alive) if self._trail is not None else 0
+
+    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
+        """The records that ended since `mark` (0 at first), oldest first, and the next mark: a
+        reader keeps what it read, and asks each tick only for what is new."""
+        return self._trail.finished_since(mark) if self._trail is not None else ([], 0)
+
+    def request(self, request_id: str) -> RequestView | None:
+        return self._trail.view(request_id) if self._trail is not None else None
+
+    def stats(self, window: str, now: float) -> StatsReport:
+        """Per provider and connection over `window` (a key of WINDOWS)."""
+        if self._trail is None:
+            empty = StatsView(0, 0, None, None, None, None, None)
+            return StatsReport(
+                window,
+                {p: empty for p in self._engine.providers},
+                {c: empty for c in self._engine.connections},
+            )
+        return self._trail.stats.report(window, now)
+
+    def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
+        """The provider's p50 latency per statistics bucket, oldest first (for a sparkline)."""
+        if self._trail is None:
+            return []
+        return self._trail.stats.p50_series(provider, now, buckets)
+
 
 def _breaker(provider: ProviderRuntime, now: float) -> BreakerView:
     b = provider.breaker
@@ -284,6 +553,7 @@ def _connection(conn: ConnectionRuntime, now: float) -> ConnectionView:
         masked_key=spec.masked_key,
         in_flight=conn.in_flight,
         max_concurrent=spec.max_concurrent,
+        queued=conn.limiter.queued if conn.limiter is not None else 0,
     )
 
 

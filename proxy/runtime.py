@@ -36,6 +36,7 @@ from proxy.settings import (
 )
 from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoredState
 from proxy.stream import StreamHub
+from proxy.trail import EventCounts, Trail
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("omniroute")
@@ -111,9 +112,14 @@ class Runtime:
             Timeouts(server.connect_timeout_ms, server.first_byte_timeout_ms, server.idle_timeout_ms)
         )
         self.router = Router(config, self.engine, self._list_models)
-        self.pipeline = Pipeline(config, self.engine, self.router, self.upstream)
+        self.event_counts = EventCounts()
+        self.bus.subscribe(self.event_counts)
+        history = server.request_history
+        self.trail = Trail(self.engine, self.clock, history) if history > 0 else None
+        """The request records and traffic statistics (None when `server.request_history` is 0)."""
+        self.pipeline = Pipeline(config, self.engine, self.router, self.upstream, self.trail)
         self.pipeline.owners = self.owners
-        self.read = ReadModel(self.engine, self.bus, self.version)
+        self.read = ReadModel(self.engine, self.bus, self.version, self.trail)
         """What observers (the console) read: frozen views, never the engine's live objects."""
         self.stream = StreamHub(self.engine, self.bus, self.settings, self.version)
         """`GET /api/stream`'s messages, for attached consoles and `--follow` scripts."""

@@ -2,7 +2,8 @@
 
 Imports stay inside commands: a read command must not pay for Textual or Starlette.
 
-Layout: `instance` (serve, tui), `views` (status and the four tables), `actions` (reset, reenable,
+Layout: `instance` (serve, tui), `views` (status and the four tables), `traffic` (requests,
+stats), `actions` (reset, reenable,
 enable, disable), `settings` and `config` groups; `client` talks to an instance, `output` prints,
 `exit_codes` maps failures, and `edge` turns every failure into one line and an exit code.
 """
@@ -13,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from omniroute_tui.cli import actions, config, instance, settings, views
+from omniroute_tui.cli import actions, config, instance, settings, traffic, views
 from omniroute_tui.cli.edge import Edge
 from proxy import __version__
 
@@ -51,6 +52,7 @@ def root(
 
 app.add_typer(instance.app)
 app.add_typer(views.app)
+app.add_typer(traffic.app)
 app.add_typer(actions.app)
 app.add_typer(actions.reset_app, name="reset", rich_help_panel=actions.PANEL)
 app.add_typer(settings.app, name="settings", rich_help_panel="Settings and config")

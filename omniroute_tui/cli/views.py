@@ -50,6 +50,8 @@ ERROR_WIDTH = 40
 """Upstream error texts can be paragraphs; the table shows their start (`--json` has all of it)."""
 
 HEALTH = "/api/monitoring/health"
+STATS = "/api/stats?window=5m"
+"""The p50 and errors columns of the breakers and connections tables (the console's window too)."""
 CONNECTIONS = "/api/resilience/connections"
 LOCKOUTS = "/api/resilience/model-cooldowns"
 EVENTS = "/api/events"
@@ -102,8 +104,9 @@ def breakers(
     json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         health = api.get(HEALTH)
-    rows: list[dict[str, Any]] = health["providerBreakers"]
-    emit(rows, json_=json_, human=lambda: _breakers_table(rows, epoch_ms(health.get("timestamp"))))
+        rows: list[dict[str, Any]] = health["providerBreakers"]
+        stats = {} if json_ else api.get(STATS)["providers"]
+    emit(rows, json_=json_, human=lambda: _breakers_table(rows, epoch_ms(health.get("timestamp")), stats))
 
 
 @app.command(rich_help_panel=PANEL)
@@ -121,7 +124,8 @@ def connections(
     json_ = as_json(json_, output)
     with connect(url, token, config) as api:
         rows: list[dict[str, Any]] = api.get(CONNECTIONS)["connections"]
-    emit(rows, json_=json_, human=lambda: _connections_table(rows))
+        stats = {} if json_ else api.get(STATS)["connections"]
+    emit(rows, json_=json_, human=lambda: _connections_table(rows, stats))
 
 
 @app.command(rich_help_panel=PANEL)
@@ -227,7 +231,15 @@ def _style(state: str) -> str:
 # it loads the engine); tests/cli/test_views.py keeps the two lists equal.
 
 
-def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> RenderableType | None:
+def _traffic(stats: dict[str, Any] | None) -> tuple[str, str]:
+    if not stats:
+        return fmt.NONE, fmt.NONE
+    return fmt.traffic(stats["requests"], stats["p50Ms"], stats["errorRate"])
+
+
+def _breakers_table(
+    rows: list[dict[str, Any]], now: float | None, stats: dict[str, Any]
+) -> RenderableType | None:
     if not rows:
         note("No providers are configured.")
         return None
@@ -240,6 +252,8 @@ def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> Renderable
         "Retry in",
         "Open cycles",
         "Last failure",
+        "p50 5m",
+        "Errors 5m",
         keep=3,
     )
     for b in rows:
@@ -252,6 +266,7 @@ def _breakers_table(rows: list[dict[str, Any]], now: float | None) -> Renderable
             cell(duration(b["retryAfterMs"])),
             cell(b["openCycleCount"]),
             cell(ago(b["lastFailure"], now)),
+            *(cell(text) for text in _traffic(stats.get(b["provider"]))),
         )
     return t
 
@@ -264,11 +279,11 @@ def _connection_name(c: dict[str, Any]) -> str:
     return c["id"] if c.get("name") in (None, "", c["id"]) else f"{c['id']} ({c['name']})"
 
 
-def _connections_table(rows: list[dict[str, Any]]) -> RenderableType | None:
+def _connections_table(rows: list[dict[str, Any]], stats: dict[str, Any]) -> RenderableType | None:
     if not rows:
         note("No connections are configured.")
         return None
-    return _connection_rows(rows, "In-flight/max", _in_flight, cooldown_style="")
+    return _connection_rows(rows, "In-flight/max", _in_flight, cooldown_style="", stats=stats)
 
 
 def _cooldowns_table(rows: list[dict[str, Any]]) -> RenderableType | None:
@@ -284,8 +299,11 @@ def _connection_rows(
     last_value: Callable[[dict[str, Any]], Any],
     *,
     cooldown_style: str,
+    stats: dict[str, Any] | None = None,
 ) -> RenderableType:
-    """The connections table and the cooldowns table differ only in their last column."""
+    """The connections table and the cooldowns table differ only in their last column (and the
+    connections table adds the 5-minute traffic)."""
+    traffic = ("p50 5m", "Errors 5m") if stats is not None else ()
     t = table(
         "Provider",
         "Connection",
@@ -295,6 +313,7 @@ def _connection_rows(
         "Last error",
         "Code",
         last_header,
+        *traffic,
         keep=3,
     )
     for c in rows:
@@ -307,6 +326,7 @@ def _connection_rows(
             cell(fmt.clip(c["lastError"], ERROR_WIDTH) if c["lastError"] else None),
             cell(c["errorCode"]),
             cell(last_value(c)),
+            *((cell(text) for text in _traffic(stats.get(c["id"]))) if stats is not None else ()),
         )
     return t
 

@@ -159,20 +159,23 @@ class OverviewPane(Vertical):
 
 
 def tiles(items: tuple[Tile, ...], picked: int | None = None) -> RenderableType:
-    """Two-line blocks: the provider, then its state written out (and how long, or how close);
-    the `picked` one (keyboard focus) drawn in reverse."""
+    """Three-line blocks: the provider, its state written out (and how long, or how close), and
+    its p50 latency over the last minute as a sparkline; the `picked` one (keyboard focus) drawn
+    in reverse."""
     if not items:
         return Text("No providers configured.", style="dim")
     blocks = []
     for i, t in enumerate(items):
         status = f"{t.state} {t.text}"
         provider = fmt.clip(t.provider, TILE_NAME)
-        width = max(cell_len(provider), len(status)) + 2
+        latency = t.latency or "no traffic"
+        width = max(cell_len(provider), len(status), cell_len(latency)) + 2
         style = fmt.TILE_COLOURS[t.style] + (" reverse underline" if i == picked else "")
         blocks.append(
             Text.assemble(
                 (f" {set_cell_size(provider, width - 1)}\n", f"{style} bold"),
-                (f" {status:<{width - 1}}", style),
+                (f" {status:<{width - 1}}\n", style),
+                (f" {set_cell_size(latency, width - 1)}", style),
             )
         )
     return Columns(blocks, padding=(0, 1))

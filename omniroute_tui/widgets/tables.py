@@ -1,4 +1,4 @@
-"""The four live tables: keyed rows that diff snapshots instead of rebuilding, drawn line by line.
+"""The five live tables: keyed rows that diff snapshots instead of rebuilding, drawn line by line.
 
 Why not `DataTable`: its render caches are keyed by one table-wide update counter, so a single
 `update_cell` (a countdown moving) re-renders every visible cell through Rich's full layout
@@ -499,4 +499,31 @@ class EventsTable(ResourceTable):
         self.post_message(self.GoTo(*row.target))
 
 
-TABLE_CLASSES: tuple[type[ResourceTable], ...] = (BreakersTable, ConnectionsTable, LockoutsTable, EventsTable)
+class RequestsTable(ResourceTable):
+    TABLE = "requests"
+    NOUN = "request"
+    FOLLOWS_TOP = True  # alive, then newest first: on the top row, the cursor follows new traffic
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "f",
+            "failures",
+            "Failures",
+            tooltip="Show only failed requests, or every request again",
+            id="requests-failures",
+        ),
+    ]
+
+    class FailuresToggled(Message):
+        """The operator asked to show only failures, or everything again (`f`)."""
+
+    def action_failures(self) -> None:
+        self.post_message(self.FailuresToggled())
+
+
+TABLE_CLASSES: tuple[type[ResourceTable], ...] = (
+    BreakersTable,
+    ConnectionsTable,
+    LockoutsTable,
+    EventsTable,
+    RequestsTable,
+)

@@ -70,6 +70,8 @@ def test_json_read_command_imports_no_server_console_or_engine(tmp_path: Path, p
         ("status",),
         ("connections",),
         ("lockouts",),
+        ("requests",),
+        ("stats",),
         ("settings", "show", "providerBreaker"),
     ],
 )

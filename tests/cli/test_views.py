@@ -70,12 +70,12 @@ def test_breakers_table_writes_states_and_durations(proxy: Instance) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
         "Provider", "Class", "State", "Failures", "Degraded/opens", "at", "Retry", "in",
-        "Open", "cycles", "Last", "failure",
+        "Open", "cycles", "Last", "failure", "p50", "5m", "Errors", "5m",
     ]  # fmt: skip
     alpha = next(line for line in lines if line.startswith("alpha"))
-    assert alpha.split() == ["alpha", "local", "OPEN", "2", "1", "/", "2", "5s", "1", "10s", "ago"]
+    assert alpha.split() == ["alpha", "local", "OPEN", "2", "1", "/", "2", "5s", "1", "10s", "ago", "—", "—"]
     beta = next(line for line in lines if line.startswith("beta"))
-    assert beta.split() == ["beta", "apikey", "CLOSED", "0", "7", "/", "12", "—", "0", "—"]
+    assert beta.split() == ["beta", "apikey", "CLOSED", "0", "7", "/", "12", "—", "0", "—", "—", "—"]
 
 
 def test_connections_json_is_the_connections_list(proxy: Instance) -> None:
@@ -107,9 +107,26 @@ def test_connections_table(proxy: Instance) -> None:
         "0",
         "/",
         "∞",  # no cap: the console's notation (omniroute_tui.format.in_flight)
+        "—",  # no traffic in the last 5 minutes: p50
+        "—",  # and errors
     ]
     assert rows["alpha-2"][2] == "disabled"
-    assert rows["beta-1"] == ["beta", "beta-1", "(Beta", "main)", "active", "—", "0", "—", "—", "0", "/", "2"]
+    assert rows["beta-1"] == [
+        "beta",
+        "beta-1",
+        "(Beta",
+        "main)",
+        "active",
+        "—",
+        "0",
+        "—",
+        "—",
+        "0",
+        "/",
+        "2",
+        "—",
+        "—",
+    ]
 
 
 def headers(result: Result) -> list[str]:
@@ -134,10 +151,12 @@ def test_in_flight_is_written_the_same_way_as_in_the_console(proxy: Instance) ->
     assert (fmt.in_flight(0, None), fmt.in_flight(1, 2)) == ("0 / ∞", "1 / 2")
     result = proxy.cli("connections")
     assert result.code == 0, result.stderr
-    last = {
-        line.split()[1]: line.rstrip().rsplit("  ", 1)[-1].strip() for line in result.stdout.splitlines()[2:]
+    # the In-flight/max column, before the two traffic columns
+    in_flight = {
+        line.split()[1]: [c.strip() for c in line.rstrip().split("  ") if c.strip()][-3]
+        for line in result.stdout.splitlines()[2:]
     }
-    assert last == {"alpha-1": "0 / ∞", "alpha-2": "0 / ∞", "beta-1": "0 / 2"}
+    assert in_flight == {"alpha-1": "0 / ∞", "alpha-2": "0 / ∞", "beta-1": "0 / 2"}
 
 
 def test_cooldowns_json_is_connections_filtered_to_cooling(proxy: Instance) -> None:

@@ -62,7 +62,8 @@ class Reply:
     - hang: never answers; ends when the client disconnects, or with a reset on `FakeUpstream.reset()`.
     - slow_headers: waits `delay_ms`, then answers like json.
     - stream: SSE of `chunks` chat.completion.chunk events (delta.content = `chunk_text`), `delay_ms`
-      apart, then a finish_reason "stop" chunk and `data: [DONE]`.
+      apart, then a finish_reason "stop" chunk, a usage chunk when the request asked for
+      `stream_options.include_usage`, and `data: [DONE]`.
     - stream_die: like stream, but the connection is closed after `die_after` chunks (truncated body).
     - stream_error: like stream_die, but after `die_after` text deltas (0: before any content) the
       stream sends its API's `error` event (`body`, else one for `status`: 529 is Anthropic's
@@ -429,12 +430,22 @@ class _Call:
         if self.endpoint in dialects.DIALECTS:
             opening = self.chunk(None, first=True) if chunks == 0 else b""
             return opening + dialects.tail(self.endpoint, self.ident, self.model, chunk_text * chunks)
-        return self.chunk(None, first=chunks == 0) + b"data: [DONE]\n\n"
+        return self.chunk(None, first=chunks == 0) + self.usage_chunk() + b"data: [DONE]\n\n"
 
     def error_event(self, status: int, body: Any) -> bytes:
         if self.endpoint in dialects.DIALECTS:
             return dialects.error_event(self.endpoint, status, self.upstream, body)
         return b"data: " + json.dumps(body if body is not None else self.error(status)).encode() + b"\n\n"
+
+    def usage_chunk(self) -> bytes:
+        """The final usage event, as OpenAI sends it when the client asked for
+        `stream_options.include_usage` (nothing otherwise)."""
+        options = self.payload.get("stream_options") if isinstance(self.payload, dict) else None
+        if not (isinstance(options, dict) and options.get("include_usage") is True):
+            return b""
+        usage = {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+        event = {"id": f"chatcmpl-{self.upstream}-{self.seq}", "object": "chat.completion.chunk"}
+        return b"data: " + json.dumps(event | {"choices": [], "usage": usage}).encode() + b"\n\n"
 
     def _envelope(self, prefix: str, obj: str, created: int, choice: dict[str, Any]) -> dict[str, Any]:
         ident = f"{prefix}-{self.upstream}-{self.seq}"

@@ -54,6 +54,7 @@ def went_open_then_closed(path: list[str]) -> bool:
 def conditions(runtime: Runtime, events: list[Event], traffic: DemoTraffic) -> dict[str, bool]:
     engine = runtime.engine
     now = engine.clock.now()
+    requests = runtime.read.requests()
     return {
         "flaky breaker degraded": "DEGRADED" in breaker_path(events, "flaky"),
         "flaky breaker opened and closed again": went_open_then_closed(breaker_path(events, "flaky")),
@@ -70,6 +71,11 @@ def conditions(runtime: Runtime, events: list[Event], traffic: DemoTraffic) -> d
         "a claude key cooled after a 529": any(
             e.layer == "connection" and e.key.startswith("claude-") and e.to == "cooling" for e in events
         ),
+        # the Requests tab's trail shows what the layers did to the traffic
+        "a fallback in the trail": any(a.outcome == "fallback" for r in requests for a in r.attempts),
+        "a skip in the trail": any(r.skipped for r in requests),
+        "a wait in the trail": any(r.waits for r in requests),
+        "a stream with its usage in the trail": any(r.stream and r.usage is not None for r in requests),
     }
 
 
@@ -107,7 +113,7 @@ async def test_demo_moves_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
         assert runtime.config.server.default_combo == "demo"
         assert set(runtime.config.providers) == set(demo.UPSTREAM_KINDS)
         assert runtime.settings.document("settings")["modelLockout"]["enabled"] is True
-        assert runtime.settings.document("resilience")["comboCooldownWait"]["maxWaitMs"] == 3000
+        assert runtime.settings.document("resilience")["comboCooldownWait"]["maxWaitMs"] == 6000
         runtime.settings.patch(
             {
                 "providerBreaker": {"local": {"resetTimeoutMs": 1000}},

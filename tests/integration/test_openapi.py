@@ -247,3 +247,14 @@ def test_proxy_answers_fit_the_schemas(
         response = proxy.send("POST", "/v1/chat/completions", body)
         assert response.status_code == status
         fits(doc, response, "/v1/chat/completions", "post")
+    ok = proxy.send("POST", "/v1/chat/completions", {"model": "alpha/m1", "messages": []})
+    assert ok.status_code == 200
+    fits(doc, proxy.get("/api/requests"), "/api/requests", "get")
+    assert len(proxy.get("/api/requests").json()["requests"]) == 3
+    fits(doc, proxy.get("/api/requests", params={"limit": "0"}), "/api/requests", "get")
+    one = f"/api/requests/{ok.headers['x-request-id']}"
+    fits(doc, proxy.get(one), "/api/requests/{id}", "get")
+    fits(doc, proxy.get("/api/requests/nope"), "/api/requests/{id}", "get")
+    fits(doc, proxy.get("/api/stats"), "/api/stats", "get")
+    assert proxy.get("/api/stats").json()["providers"]["alpha"]["requests"] == 1
+    fits(doc, proxy.get("/api/stats", params={"window": "1h"}), "/api/stats", "get")

@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from omniroute_tui.app import OmniRouteApp, make_app
 from omniroute_tui.remote import Mirror, Remote
 from proxy import untrusted
 from proxy.config import load_config
+from proxy.readmodel import SkipView, WaitView
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.lockout import LockoutSettings
 from proxy.runtime import Runtime
 from proxy.store import MemoryStore
+from proxy.trail import AttemptRow, RequestRecord
 
 CONFIG = """
 [server]
@@ -108,6 +111,7 @@ def build_runtime() -> Runtime:
     now = at(9)
     for _ in range(8):
         providers["openai"].breaker.record_failure(now)
+    traffic(runtime, at)
     now = at(9.5)
     for provider, conn, model, status, reason, hint in (
         ("ollama", "ollama-1", "llama3:70b", 404, "not_found", 20 * MINUTE),
@@ -148,6 +152,56 @@ def build_runtime() -> Runtime:
     second = int(now // 1000)
     stats.per_second = {second - 30 + i: (i * 7) % 11 + (i // 5) for i in range(31)}
     return runtime
+
+
+def traffic(runtime: Runtime, at: Callable[[float], float]) -> None:
+    """A few request records in the trail, at fixed instants: a fallback, a skip and a wait, a
+    stream with its usage, a failure, and two requests still alive (waiting, streaming)."""
+    trail = runtime.trail
+    assert trail is not None
+
+    def attempt(
+        target: str, connection: str, start: float, ms: float, status: int | None, outcome: str, reason: str
+    ) -> AttemptRow:
+        return (target, target.split("/")[0], connection, at(start), ms, status, outcome, reason)  # type: ignore[return-value]
+
+    def request(n: int, minute: float, model: str, *, stream: bool = False) -> RequestRecord:
+        at(minute)
+        record = trail.begin(f"{n:04x}a1b2c3d4e5f6", "127.0.0.1", "chat/completions")
+        record.model_asked, record.stream, record.route, record.bytes_in = model, stream, "combo", 412
+        return record
+
+    r = request(1, 9.02, "coding")
+    r.attempts.append(attempt("openai/gpt-4o", "openai-main", 9.02, 180, 429, "fallback", "429 rate_limited"))
+    r.attempts.append(attempt("ollama/llama3:70b", "ollama-1", 9.023, 2100, 200, "ok", "ok"))
+    r.ttft_ms, r.usage, r.bytes_out = 520, (120, 392, 512), 9_812
+    at(9.02 + 2.3 / 60)
+    trail.end(r, 200)
+
+    r = request(2, 9.1, "coding", stream=True)
+    r.skipped = [
+        SkipView("openai/gpt-4o", "openai-main", "cooling 12 s (429 rate_limited)", 12_000),
+        SkipView("anthropic/claude-3-opus", None, "breaker OPEN, probe in 8 s", 8_000),
+    ]
+    r.waits = [WaitView(1_300, "nothing eligible; waited for ollama-1 (cooling)")]
+    r.attempts.append(attempt("ollama/llama3:70b", "ollama-1", 9.13, 3_400, 200, "ok", "ok"))
+    r.ttft_ms, r.usage, r.bytes_out = 1_590, (80, 300, 380), 30_120
+    at(9.1 + 4.7 / 60)
+    trail.end(r, 200)
+
+    r = request(3, 9.25, "groq/llama-3.1-8b")
+    r.route = "target"
+    r.attempts.append(attempt("groq/llama-3.1-8b", "groq-1", 9.25, 95, 401, "returned", "401 expired"))
+    r.code, r.message = "invalid_api_key", "groq-1: 401 Incorrect API key provided"
+    at(9.25 + 0.1 / 60)
+    trail.end(r, 401)
+
+    r = request(4, 9.3, "coding")
+    trail.state(r, "waiting")
+    r.skipped = [SkipView("openai/gpt-4o", "openai-main", "cooling 4 s (429 rate_limited)", 4_000)]
+    r = request(5, 9.4, "ollama/llama3:70b", stream=True)
+    at(9.4 + 0.9 / 60)
+    trail.first_byte(r)
 
 
 def snapshot_app(*, read_only: bool = False) -> OmniRouteApp:

@@ -18,6 +18,7 @@ from omniroute_tui.app import OmniRouteApp
 from omniroute_tui.screens.confirm import ConfirmScreen
 from omniroute_tui.screens.filter import FilterScreen
 from omniroute_tui.screens.help import HelpScreen, commands, key_catalogue
+from omniroute_tui.snapshot import COLUMNS
 from tests.tui.conftest import settle
 from tests.tui.snapshot_app import snapshot_app
 
@@ -210,7 +211,7 @@ async def test_s_cycles_the_sort_column_and_S_reverses() -> None:
         await settle(pilot)
         assert app.feed.views["breakers"].reverse is True
         assert shown_keys(app, "breakers") == ["openai", "anthropic", "ollama", "groq"]
-        for _ in range(6):  # all the way round
+        for _ in range(len(COLUMNS["breakers"]) - 2):  # all the way round, to the column after the first
             await pilot.press("s")
         await settle(pilot)
         assert app.feed.views["breakers"].sort == 1

@@ -20,8 +20,12 @@ VIEWS = {
     "lockouts": "4",
     "settings": "5",
     "events": "6",
+    "requests": "7",
     "help": "question_mark",
 }
+
+THEN = {"requests": ("j", "j", "j", "j")}
+"""Keys after the tab's: the Requests tab's detail shows the oldest request, whose trail has a fallback."""
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
@@ -29,7 +33,7 @@ VIEWS = {
 def test_view(view: str, size: tuple[int, int], snap_compare) -> None:  # type: ignore[no-untyped-def]
     async def run_before(pilot: Pilot[object]) -> None:
         await settle(pilot)
-        await pilot.press(VIEWS[view])
+        await pilot.press(VIEWS[view], *THEN.get(view, ()))
         await settle(pilot)
 
     assert snap_compare(snapshot_app(), terminal_size=size, run_before=run_before)

@@ -1,0 +1,152 @@
+"""Traffic commands: `requests` (the request trail) and `stats` (per provider and connection).
+
+`requests` reads `GET /api/requests` page by page (by `seq`, 1,000 at a time) and keeps the
+newest `--limit`; `--json` prints those records as the API gives them (a list, oldest first).
+`stats` GETs `/api/stats?window=`; `--json` prints that document unchanged. The API checks the
+window, so a bad one is its 400 (exit 2) with the names it takes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import quote
+
+import typer
+
+from omniroute_tui import format as fmt
+from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
+from omniroute_tui.cli.output import cell, emit, epoch_ms, note, table
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+app = typer.Typer()
+
+PANEL = "Traffic"
+REQUESTS = "/api/requests"
+STATS = "/api/stats"
+PAGE = 1000
+"""The most records one `GET /api/requests` answers (its `limit` ceiling)."""
+FAILED_STATES = frozenset({"failed", "client_gone"})
+
+
+@app.command(rich_help_panel=PANEL)
+def requests(
+    failed: Annotated[
+        bool, typer.Option("--failed", help="Only requests that failed or whose client left.")
+    ] = False,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, max=100_000, help="Show the newest N (default 50).")
+    ] = 50,
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """The newest requests through the proxy, oldest first: where each went, status, timings, tokens.
+
+    Example: [bold]omniroute requests --failed --json | jq -r '.[] | "\\(.id) \\(.code)"'[/bold]
+    """
+    json_ = as_json(json_, output)
+    kept: deque[dict[str, Any]] = deque(maxlen=limit)
+    with connect(url, token, config) as api:
+        after = 0
+        while True:
+            page: list[dict[str, Any]] = api.get(f"{REQUESTS}?after={after}&limit={PAGE}")["requests"]
+            kept.extend(r for r in page if not failed or r.get("state") in FAILED_STATES)
+            if len(page) < PAGE:
+                break
+            after = page[-1]["seq"]
+    rows = list(kept)
+    emit(rows, json_=json_, human=lambda: _requests_table(rows, failed))
+
+
+@app.command(rich_help_panel=PANEL)
+def stats(
+    window: Annotated[str, typer.Option("--window", "-w", help="1m, 5m or 15m.")] = "5m",
+    json_: JsonOpt = False,
+    output: OutputOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Requests, errors, latency (p50/p95), TTFT and tokens/s per provider and connection.
+
+    Example: [bold]omniroute stats --window 1m --json | jq '.providers'[/bold]
+    """
+    json_ = as_json(json_, output)
+    with connect(url, token, config) as api:
+        doc: dict[str, Any] = api.get(f"{STATS}?window={quote(window, safe='')}")
+    emit(doc, json_=json_, human=lambda: _stats_table(doc))
+
+
+# ---------------------------------------------------------------------------------------------
+# Human renderings.
+
+
+def where(r: dict[str, Any]) -> str | None:
+    """`provider/connection` of the request's last attempt; None when it reached no upstream."""
+    attempts = r.get("attempts") or []
+    if not attempts:
+        return None
+    last = attempts[-1]
+    return f"{last['provider']}/{last['connectionId']}"
+
+
+def _status(r: dict[str, Any]) -> str:
+    state = r["state"]
+    status = r.get("status")
+    if state in ("done", "failed") and status is not None:
+        return f"{status} {r['code']}" if r.get("code") and state == "failed" else str(status)
+    return state.replace("_", " ")
+
+
+def _requests_table(rows: list[dict[str, Any]], failed: bool) -> RenderableType | None:
+    if not rows:
+        note("No failed request in the trail." if failed else "No request in the trail yet.")
+        return None
+    t = table("Time", "Id", "Model", "Went to", "Attempts", "Status", "Duration", "TTFT", "Tokens", keep=3)
+    for r in rows:
+        usage = r.get("usage") or {}
+        state = r["state"]
+        style = {"failed": "red", "client_gone": "dim"}.get(state, "" if r.get("endedAt") else "cyan")
+        t.add_row(
+            cell(fmt.clock_time(epoch_ms(r.get("startedAt")))),
+            cell(r["id"][:8]),
+            cell(r.get("modelAsked")),
+            cell(where(r)),
+            cell(len(r.get("attempts") or [])),
+            cell(_status(r), style),
+            cell(fmt.latency(r.get("durationMs")) if r.get("durationMs") is not None else None),
+            cell(fmt.latency(r.get("ttftMs")) if r.get("ttftMs") is not None else None),
+            cell(usage.get("totalTokens")),
+        )
+    return t
+
+
+def _stats_table(doc: dict[str, Any]) -> RenderableType | None:
+    rows = [("provider", k, v) for k, v in doc["providers"].items()] + [
+        ("connection", k, v) for k, v in doc["connections"].items()
+    ]
+    if not rows:
+        note("No providers are configured.")
+        return None
+    t = table(
+        "Scope", "Name", "Requests", "Errors", "Error rate", "p50", "p95", "TTFT p50", "Tokens/s",
+        keep=2, title=f"last {doc['window']}",
+    )  # fmt: skip
+    for scope, name, s in rows:
+        t.add_row(
+            cell(scope, "dim"),
+            cell(name, "bold" if scope == "provider" else ""),
+            cell(s["requests"]),
+            cell(s["errors"], "red" if s["errors"] else ""),
+            cell(fmt.percent(s["errorRate"])),
+            cell(fmt.latency(s["p50Ms"])),
+            cell(fmt.latency(s["p95Ms"])),
+            cell(fmt.latency(s["ttftP50Ms"])),
+            cell(fmt.NONE if s["tokensPerSecond"] is None else f"{s['tokensPerSecond']:g}"),
+        )
+    return t

@@ -1,0 +1,731 @@
+"""The request trail and the traffic statistics: what each `/v1` request went through, kept beside
+the engine (which stays pure) and fed by the pipeline.
+
+Recording is on the request path, so it is cheap by construction: a record is one mutable slotted
+object per request, its state an attribute write; an attempt, a skip or a wait appends one frozen
+view when it happens (skips are explained only when there was one); a stream costs a byte count
+per chunk and a look at its last two chunks for the usage at the end. Nothing of the prompt or the
+answer is kept, ever: the usage numbers are all that is read from an answer.
+
+Frozen `RequestView`s (proxy/readmodel.py) are built only when someone reads. Finished records
+live in a ring of `server.request_history`; the alive ones in a dict beside it.
+
+The statistics (`TrafficStats`) keep per provider and per connection a ring of 5-second buckets
+(15 minutes) and running totals per window (1, 5 and 15 minutes): a request adds to its bucket
+and to each window's totals, and a bucket leaving a window is subtracted from it, so a read
+never scans records or buckets. Latencies are counted in fixed histogram bins (the same ones
+`/metrics` exposes); percentiles are interpolated within a bin.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable, Sequence
+from itertools import islice
+
+from proxy.config import REQUEST_HISTORY
+from proxy.engine import Attempt, Engine, NoTarget, Skip, Target
+from proxy.readmodel import (
+    WINDOWS,
+    AttemptOutcome,
+    AttemptView,
+    RequestView,
+    SkipView,
+    StatsReport,
+    StatsView,
+    UsageView,
+    WaitView,
+)
+from proxy.resilience.classify import Verdict
+from proxy.resilience.clock import Clock
+from proxy.resilience.events import Event
+from proxy.resilience.outcome import Outcome, OutcomeKind
+
+MESSAGE_LIMIT = 200
+"""The most of an error message a record keeps."""
+REASON_LIMIT = 120
+
+
+def span(ms: float) -> str:
+    """A duration in words for a reason: `850 ms`, `12 s`, `1m52s`, `2h05m`."""
+    if ms < 1000:
+        return f"{max(0, round(ms))} ms"
+    seconds = round(ms / 1000)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+Usage = tuple[int | None, int | None, int | None]
+"""(prompt, completion, total) tokens, as `UsageView` holds them."""
+AttemptRow = tuple[str, str, str, float, float, int | None, AttemptOutcome, str]
+"""An attempt as the record keeps it: `AttemptView`'s fields, in order."""
+
+
+class RequestRecord:
+    """One request as it runs; the pipeline writes it, readers get a `RequestView` of it."""
+
+    __slots__ = (
+        "attempts",
+        "bytes_in",
+        "bytes_out",
+        "client",
+        "code",
+        "ended_at",
+        "endpoint",
+        "id",
+        "message",
+        "model_asked",
+        "route",
+        "seq",
+        "skipped",
+        "started_at",
+        "state",
+        "status",
+        "stream",
+        "ttft_ms",
+        "usage",
+        "waits",
+    )
+
+    def __init__(self, request_id: str, seq: int, started_at: float, client: str, endpoint: str) -> None:
+        self.id = request_id
+        self.seq = seq
+        self.started_at = started_at
+        self.ended_at: float | None = None
+        self.state = "queued"
+        self.client = client
+        self.endpoint = endpoint
+        self.model_asked: str | None = None
+        self.route = "bare"
+        self.stream = False
+        self.status: int | None = None
+        self.code: str | None = None
+        self.message: str | None = None
+        self.ttft_ms: float | None = None
+        self.usage: Usage | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+        # Plain tuples and lists on the request path (a frozen view costs a setattr per field);
+        # the views are built when someone reads. Skips and waits are rare: no list until one.
+        self.attempts: list[AttemptRow] = []
+        self.skipped: list[SkipView] | None = None
+        self.waits: list[WaitView] | None = None
+
+    def view(self) -> RequestView:
+        ended = self.ended_at
+        return RequestView(
+            id=self.id,
+            seq=self.seq,
+            started_at=self.started_at,
+            ended_at=ended,
+            state=self.state,
+            client=self.client,
+            endpoint=self.endpoint,
+            model_asked=self.model_asked,
+            route=self.route,
+            stream=self.stream,
+            status=self.status,
+            code=self.code,
+            message=self.message,
+            duration_ms=None if ended is None else ended - self.started_at,
+            ttft_ms=self.ttft_ms,
+            usage=None if self.usage is None else UsageView(*self.usage),
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            attempts=tuple(AttemptView(*a) for a in self.attempts),
+            skipped=tuple(self.skipped or ()),
+            waits=tuple(self.waits or ()),
+        )
+
+
+class Trail:
+    """The alive requests and a ring of the last `capacity` finished ones, with their statistics."""
+
+    def __init__(self, engine: Engine, clock: Clock, capacity: int = REQUEST_HISTORY) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.capacity = capacity
+        self.alive: dict[str, RequestRecord] = {}
+        self.ring: deque[RequestRecord] = deque(maxlen=max(capacity, 0))
+        self._seq = 0
+        self.version = 0
+        """Bumped on every change a reader could see (a new record, a state, an end)."""
+        self.finished = 0
+        """Records ended so far: a reader's mark for `finished_since`."""
+        self.stats = TrafficStats(list(engine.providers), list(engine.connections))
+        self.fallbacks: dict[str, int] = {}
+        """Attempts that fell back, per provider (for /metrics)."""
+
+    # -- the pipeline's side ------------------------------------------------------------------------
+
+    def begin(self, request_id: str, client: str, endpoint: str) -> RequestRecord:
+        self._seq += 1
+        record = RequestRecord(request_id, self._seq, self.clock.now(), client, endpoint)
+        self.alive[request_id] = record
+        self.version += 1
+        return record
+
+    def state(self, record: RequestRecord, state: str) -> None:
+        record.state = state
+        self.version += 1
+
+    def attempt(
+        self,
+        record: RequestRecord,
+        attempt: Attempt,
+        outcome: Outcome,
+        verdict: Verdict,
+        status: int | None,
+        *,
+        committed: bool,
+    ) -> None:
+        """One attempt recorded by the engine; `committed`: its stream had reached the client
+        (it can no longer fall back)."""
+        kind = outcome.kind
+        result: AttemptOutcome
+        if kind is OutcomeKind.CLIENT_DISCONNECT:
+            result, reason = "disconnect", "the client went away"
+        elif kind is OutcomeKind.LOCAL_REJECTION:
+            result, reason = "local", _short(outcome.error, REASON_LIMIT)
+        elif outcome.is_success:
+            result, reason = "ok", "ok"
+        else:
+            result = "fallback" if verdict.fallback and not committed else "returned"
+            # An error's words may quote the key the attempt was sent with: scrubbed like the engine's.
+            reason = _short(
+                f"{status} {verdict.reason}"
+                if status is not None
+                else self.engine.scrubber(outcome.error) or verdict.reason,
+                REASON_LIMIT,
+            )
+        pid = attempt.provider.spec.id
+        if result == "fallback":
+            self.fallbacks[pid] = self.fallbacks.get(pid, 0) + 1
+        started = attempt.started_at
+        record.attempts.append(
+            (
+                str(attempt.target),
+                pid,
+                attempt.connection.id,
+                started,
+                self.clock.now() - started,
+                status,
+                result,
+                reason,
+            )
+        )
+
+    def passed_over(
+        self, record: RequestRecord, chosen: Attempt, targets: Sequence[Target], tried: Iterable[str]
+    ) -> None:
+        """Note what selection passed over before it chose `chosen` (a cooling key, an open breaker)
+        that this request had not tried itself.
+
+        The common case (the first target's only connection) costs one comparison."""
+        provider = chosen.provider
+        if chosen.target == targets[0] and len(provider.connections) == 1:
+            return
+        upto = []
+        for t in targets:
+            upto.append(t)
+            if t == chosen.target:
+                break
+        # What this request already tried is in its attempts: only the others were passed over.
+        tried_ids = set(tried)
+        tried_ids.add(chosen.connection.spec.id)
+        tried_targets = {a[0] for a in record.attempts}
+        skips = [
+            s
+            for s in self.engine.explain(upto, tried_ids)
+            if s.connection_id not in tried_ids
+            and (s.connection_id is not None or s.target not in tried_targets)
+        ]
+        if skips:
+            self._skipped(record, skips)
+
+    def nothing_eligible(self, record: RequestRecord, decision: NoTarget) -> None:
+        self._skipped(record, decision.skips)
+
+    def _skipped(self, record: RequestRecord, skips: Iterable[Skip]) -> None:
+        now = self.clock.now()
+        skipped = record.skipped
+        if skipped is None:
+            skipped = record.skipped = []
+        for skip in skips:
+            if skip.reason == "already_tried":
+                continue
+            retry = None if skip.retry_at is None else max(0, int(skip.retry_at - now))
+            view = SkipView(skip.target, skip.connection_id, self._words(skip, now), retry)
+            # One entry per target and connection: a request that meets the same cooling key
+            # again (after a wait, say) keeps the latest words about it.
+            at = next(
+                (
+                    i
+                    for i, s in enumerate(skipped)
+                    if s.target == view.target and s.connection_id == view.connection_id
+                ),
+                None,
+            )
+            if at is None:
+                skipped.append(view)
+            else:
+                skipped[at] = view
+
+    def _words(self, skip: Skip, now: float) -> str:
+        """A skip in words: "cooling 12 s (429 rate_limited)", "breaker OPEN, probe in 8 s"."""
+        remaining = None if skip.retry_at is None else span(max(0.0, skip.retry_at - now))
+        reason = skip.reason
+        if reason == "circuit_open":
+            return f"breaker OPEN, probe in {remaining}"
+        if reason == "probe_in_flight":
+            return "breaker HALF_OPEN, its probe is in flight"
+        conn = self.engine.connections.get(skip.connection_id) if skip.connection_id else None
+        if reason == "cooling":
+            why = ""
+            if conn is not None and conn.health.error_code is not None:
+                why = f" ({conn.health.error_code} {conn.health.last_error_type or ''})".replace(" )", ")")
+            return f"cooling {remaining}{why}"
+        if reason == "locked":
+            status = ""
+            if conn is not None:
+                target = skip.target.split("/", 1)
+                entry = self.engine.lockouts.get(target[0], conn.spec.id, target[-1])
+                if entry is not None and entry.status is not None:
+                    status = f" ({entry.status})"
+            return f"locked: {skip.lock_reason}{status} {remaining}"
+        if reason == "disabled":
+            return "disabled by the operator"
+        if reason == "no_connection":
+            return "no connection can serve it"
+        if reason == "unknown_provider":
+            return "unknown provider"
+        return f"connection {reason}"  # banned, expired, credits_exhausted
+
+    def waited(self, record: RequestRecord, ms: float, decision: NoTarget) -> None:
+        ready = min(
+            (s for s in decision.skips if s.waitable and s.retry_at is not None),
+            key=lambda s: s.retry_at or 0.0,
+            default=None,
+        )
+        reason = "nothing eligible"
+        if ready is not None:
+            reason += f"; waited for {ready.connection_id or ready.target} ({ready.reason})"
+        if record.waits is None:
+            record.waits = []
+        record.waits.append(WaitView(ms, reason))
+
+    def first_byte(self, record: RequestRecord) -> None:
+        record.ttft_ms = self.clock.now() - record.started_at
+        record.state = "streaming"
+        self.version += 1
+
+    def end(self, record: RequestRecord, status: int | None, *, state: str | None = None) -> None:
+        """The request is over: `status` is what the client got; its record joins the ring."""
+        if record.ended_at is not None:
+            return
+        now = self.clock.now()
+        record.ended_at = now
+        record.status = status
+        if state is None:
+            if status == 499 and record.code == "client_disconnected":
+                state = "client_gone"
+            else:
+                state = "failed" if status is None or status >= 400 else "done"
+        record.state = state
+        self.version += 1
+        self.finished += 1
+        self.alive.pop(record.id, None)
+        if self.capacity <= 0:
+            return
+        self.ring.append(record)  # a full ring lets its oldest record go
+        if record.attempts:
+            last = record.attempts[-1]
+            usage = record.usage
+            self.stats.add(
+                last[1],
+                last[2],
+                now,
+                now - record.started_at,
+                state != "done",
+                status,
+                record.ttft_ms,
+                usage,
+                # tokens per second: from the first byte to the end, for streams with usage
+                now - record.started_at - record.ttft_ms if record.ttft_ms is not None else None,
+            )
+        else:
+            self.stats.add_unrouted(status)
+
+    # -- the readers' side --------------------------------------------------------------------------
+
+    def view(self, request_id: str) -> RequestView | None:
+        # The ring is searched, newest first, rather than indexed: a lookup by id is a rare read,
+        # and an index would cost every request an insert and a delete, and memory.
+        record = self.alive.get(request_id) or next(
+            (r for r in reversed(self.ring) if r.id == request_id), None
+        )
+        return record.view() if record is not None else None
+
+    def finished_since(self, mark: int) -> tuple[list[RequestView], int]:
+        """The records that ended after a reader's `mark` (still in the ring), in end order, and the
+        new mark: a reader that keeps what it read builds each finished record's view once."""
+        ring = self.ring
+        count = min(self.finished - mark, len(ring))
+        if count <= 0:
+            return [], self.finished
+        return [r.view() for r in islice(ring, len(ring) - count, None)], self.finished
+
+    def alive_views(self) -> list[RequestView]:
+        return [r.view() for r in self.alive.values()]
+
+    def views(
+        self, *, after: int = 0, limit: int | None = None, state: str | None = None
+    ) -> list[RequestView]:
+        """Oldest first by `seq`: the finished ones (ring order is end order) and the alive ones."""
+        chosen: list[RequestRecord] = []
+        if state != "alive":
+            chosen.extend(r for r in self.ring if r.seq > after)
+        if state != "done":
+            chosen.extend(r for r in self.alive.values() if r.seq > after)
+        chosen.sort(key=_seq)
+        if limit is not None:
+            chosen = chosen[:limit]
+        return [r.view() for r in chosen]
+
+
+def _seq(record: RequestRecord) -> int:
+    return record.seq
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class EventCounts:
+    """Resilience events per layer since the start (for /metrics): a bus subscriber, O(1) per event."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, event: Event) -> None:
+        counts = self.counts
+        counts[event.layer] = counts.get(event.layer, 0) + 1
+
+
+# -- reading an answer's error and usage (never its content) --------------------------------------------
+
+
+def error_of(body: bytes) -> tuple[str | None, str | None]:
+    """(code, message) of a JSON error answer (ours or an upstream's), or (None, None)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    error = doc.get("error", doc)
+    if not isinstance(error, dict):
+        return None, _short(error, MESSAGE_LIMIT) if isinstance(error, str) else None
+    code = error.get("code")
+    if not isinstance(code, str):
+        code = error.get("type") if isinstance(error.get("type"), str) else None
+    message = error.get("message")
+    return code, _short(message, MESSAGE_LIMIT) if isinstance(message, str) else None
+
+
+def usage_of(answer: object) -> Usage | None:
+    """(prompt, completion, total) tokens from the `usage` object of a parsed answer (or stream
+    chunk), if it has one with numbers."""
+    if type(answer) is not dict:
+        return None
+    usage = answer.get("usage")
+    if type(usage) is not dict:
+        inner = answer.get("response")  # the Responses API's `response.completed` event
+        usage = inner.get("usage") if type(inner) is dict else None
+        if type(usage) is not dict:
+            return None
+    prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+    total = _count(usage.get("total_tokens"))
+    if total is None and prompt is not None and completion is not None:
+        total = prompt + completion
+    if prompt is None and completion is None and total is None:
+        return None
+    return (prompt, completion, total)
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def stream_usage(tail: bytes) -> Usage | None:
+    """The usage of a stream from its last bytes: the last `data:` event that mentions `usage`."""
+    at = tail.rfind(b'"usage"')
+    while at >= 0:
+        start = tail.rfind(b"data:", 0, at)
+        if start < 0:
+            return None
+        end = tail.find(b"\n", at)
+        line = tail[start + 5 : end if end >= 0 else len(tail)]
+        try:
+            found = usage_of(json.loads(line))
+        except (ValueError, RecursionError):
+            found = None
+        if found is not None:
+            return found
+        at = tail.rfind(b'"usage"', 0, start)
+    return None
+
+
+# -- statistics ---------------------------------------------------------------------------------------
+
+BUCKET_MS = 5000
+"""The statistics' resolution: a window is its current bucket plus whole ones before it."""
+SLOTS = max(WINDOWS.values()) // BUCKET_MS
+LATENCY_EDGES_MS: tuple[float, ...] = (
+    5, 10, 25, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 4000, 5000,
+    7500, 10_000, 15_000, 20_000, 30_000, 45_000, 60_000, 90_000, 120_000, 180_000, 300_000,
+)  # fmt: skip
+"""Upper bounds of the latency (and TTFT) histogram bins; one more bin holds everything above."""
+_BINS = len(LATENCY_EDGES_MS) + 1
+
+# The layout of one bucket, one window's totals and the all-time totals: a flat list of numbers.
+REQUESTS, ERRORS, STREAM_TOKENS, STREAM_MS, PROMPT, COMPLETION, LAT_SUM, TTFT_SUM, TTFT_N = range(9)
+LAT = 9
+TTFT = LAT + _BINS
+_WIDTH = TTFT + _BINS
+
+
+class _Series:
+    """One provider's or connection's buckets and window totals.
+
+    A request adds to two rows only: its bucket and the all-time totals. Each window's totals hold
+    its *closed* buckets: a bucket is added to them when it closes (the first request or read of
+    a later bucket) and subtracted when it leaves the window; a read adds the current bucket.
+    """
+
+    __slots__ = ("bucket_of", "buckets", "current", "last", "total", "windows")
+
+    def __init__(self) -> None:
+        self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
+        self.bucket_of = [-1] * SLOTS
+        """The bucket number each slot holds (-1: none)."""
+        self.windows = [[0.0] * _WIDTH for _ in _SPANS]
+        self.total = [0.0] * _WIDTH
+        """Since the start (for /metrics' counters and histograms)."""
+        self.last = -1
+        self.current = self.buckets[0]
+        """The row of bucket `last`."""
+
+    def advance(self, bucket: int) -> None:
+        last = self.last
+        if bucket <= last:
+            return
+        buckets, bucket_of, windows = self.buckets, self.bucket_of, self.windows
+        if last < 0 or bucket - last > SLOTS:
+            for row in windows:
+                row[:] = [0.0] * _WIDTH
+            bucket_of[:] = [-1] * SLOTS
+        else:
+            for b in range(last + 1, bucket + 1):
+                closed = b - 1
+                slot = closed % SLOTS
+                if bucket_of[slot] == closed:
+                    new = buckets[slot]
+                    for totals in windows:
+                        for i in range(_WIDTH):
+                            totals[i] += new[i]
+                for spans, totals in zip(_SPANS, windows, strict=True):
+                    gone = b - spans
+                    slot = gone % SLOTS
+                    if bucket_of[slot] == gone:
+                        old = buckets[slot]
+                        for i in range(_WIDTH):
+                            totals[i] -= old[i]
+        # Slots skipped over hold stale buckets: their numbers tell, and they are reset when their
+        # number comes round.
+        slot = bucket % SLOTS
+        if bucket_of[slot] != bucket:
+            buckets[slot] = [0.0] * _WIDTH
+            bucket_of[slot] = bucket
+        self.current = buckets[slot]
+        self.last = bucket
+
+    def window(self, w: int, bucket: int) -> list[float]:
+        """Window `w`'s totals as of `bucket` (the current bucket included)."""
+        self.advance(bucket)
+        closed = self.windows[w]
+        if self.last != bucket:  # a bucket before the last one: nothing of now to add
+            return closed
+        return [a + b for a, b in zip(closed, self.current, strict=True)]
+
+
+_SPANS = tuple(ms // BUCKET_MS for ms in WINDOWS.values())
+_WINDOW_INDEX = {name: i for i, name in enumerate(WINDOWS)}
+
+
+class TrafficStats:
+    """Per provider and per connection, over the windows of WINDOWS, kept as requests end."""
+
+    def __init__(self, providers: Sequence[str], connections: Sequence[str]) -> None:
+        self.providers = {p: _Series() for p in providers}
+        self.connections = {c: _Series() for c in connections}
+        self.by_status: dict[tuple[str, str, int], int] = {}
+        """Finished requests per (provider, connection, status) since the start (for /metrics)."""
+        self.unrouted: dict[int, int] = {}
+        """Finished requests that reached no upstream, per status."""
+
+    def add(
+        self,
+        provider: str,
+        connection: str,
+        now: float,
+        duration_ms: float,
+        error: bool,
+        status: int | None,
+        ttft_ms: float | None,
+        usage: Usage | None,
+        generation_ms: float | None,
+    ) -> None:
+        lat = LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)
+        first = TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms) if ttft_ms is not None else -1
+        prompt = completion = 0
+        if usage is not None:
+            prompt, completion = usage[0] or 0, usage[1] or 0
+        stream_ms = generation_ms if completion and generation_ms is not None and generation_ms > 0 else 0.0
+        bucket = int(now // BUCKET_MS)
+        for series in (self.providers.get(provider), self.connections.get(connection)):
+            if series is None:
+                continue
+            if bucket != series.last:
+                series.advance(bucket)
+            for row in (series.current, series.total):
+                row[REQUESTS] += 1
+                row[LAT_SUM] += duration_ms
+                row[lat] += 1
+                if error:
+                    row[ERRORS] += 1
+                if first >= 0:
+                    row[TTFT_SUM] += ttft_ms or 0.0
+                    row[TTFT_N] += 1
+                    row[first] += 1
+                if prompt:
+                    row[PROMPT] += prompt
+                if completion:
+                    row[COMPLETION] += completion
+                    if stream_ms:
+                        row[STREAM_TOKENS] += completion
+                        row[STREAM_MS] += stream_ms
+        key = (provider, connection, status or 0)
+        self.by_status[key] = self.by_status.get(key, 0) + 1
+
+    def add_unrouted(self, status: int | None) -> None:
+        key = status or 0
+        self.unrouted[key] = self.unrouted.get(key, 0) + 1
+
+    def report(self, window: str, now: float) -> StatsReport:
+        w = _WINDOW_INDEX[window]
+        bucket = int(now // BUCKET_MS)
+        return StatsReport(
+            window,
+            {p: _stats(s, w, bucket) for p, s in self.providers.items()},
+            {c: _stats(s, w, bucket) for c, s in self.connections.items()},
+        )
+
+    def one(self, provider: str | None, connection: str | None, window: str, now: float) -> StatsView | None:
+        series = (
+            self.providers.get(provider or "") if connection is None else self.connections.get(connection)
+        )
+        if series is None:
+            return None
+        return _stats(series, _WINDOW_INDEX[window], int(now // BUCKET_MS))
+
+    def p50_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
+        series = self.providers.get(provider)
+        if series is None:
+            return []
+        current = int(now // BUCKET_MS)
+        series.advance(current)
+        out: list[float | None] = []
+        for b in range(current - min(buckets, SLOTS) + 1, current + 1):
+            slot = b % SLOTS
+            if series.bucket_of[slot] != b:
+                out.append(None)
+            else:
+                row = series.buckets[slot]
+                out.append(_quantile(row, LAT, row[REQUESTS], 0.5))
+        return out
+
+
+def _stats(series: _Series, window: int, bucket: int) -> StatsView:
+    row = series.window(window, bucket)
+    requests = round(row[REQUESTS])
+    if requests <= 0:
+        return StatsView(0, 0, None, None, None, None, None)
+    errors = round(row[ERRORS])
+    tokens, ms = row[STREAM_TOKENS], row[STREAM_MS]
+    return StatsView(
+        requests,
+        errors,
+        round(errors / requests, 4),
+        _quantile(row, LAT, row[REQUESTS], 0.5),
+        _quantile(row, LAT, row[REQUESTS], 0.95),
+        _quantile(row, TTFT, row[TTFT_N], 0.5),
+        round(tokens * 1000 / ms, 1) if ms > 0 else None,
+    )
+
+
+def _quantile(row: list[float], start: int, count: float, q: float) -> float | None:
+    """The q-quantile of the histogram at row[start:start+_BINS], interpolated within its bin."""
+    if count < 0.5:
+        return None
+    rank = q * count
+    seen = 0.0
+    for i in range(_BINS):
+        n = row[start + i]
+        if n <= 0:
+            continue
+        if seen + n >= rank:
+            low = LATENCY_EDGES_MS[i - 1] if i > 0 else 0.0
+            if i >= len(LATENCY_EDGES_MS):
+                return float(low)
+            high = LATENCY_EDGES_MS[i]
+            return round(low + (high - low) * (rank - seen) / n, 1)
+        seen += n
+    return None
+
+
+def histogram(series: _Series, start: int) -> tuple[list[tuple[str, float]], float]:
+    """(cumulative `le` buckets in seconds, sum in seconds) of an all-time histogram, for /metrics."""
+    total = series.total
+    buckets: list[tuple[str, float]] = []
+    seen = 0.0
+    for i, edge in enumerate(LATENCY_EDGES_MS):
+        seen += total[start + i]
+        buckets.append((repr(edge / 1000), seen))
+    seen += total[start + len(LATENCY_EDGES_MS)]
+    buckets.append(("+Inf", seen))
+    return buckets, total[LAT_SUM if start == LAT else TTFT_SUM] / 1000
+
+
+__all__ = [
+    "EventCounts",
+    "RequestRecord",
+    "TrafficStats",
+    "Trail",
+    "error_of",
+    "histogram",
+    "span",
+    "stream_usage",
+    "usage_of",
+]

@@ -1,0 +1,132 @@
+"""The trail's pure parts: sliding-window statistics on explicit instants, reading usage and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.trail import BUCKET_MS, TrafficStats, error_of, span, stream_usage, usage_of
+
+T0 = 1_767_225_600_000.0  # a bucket boundary
+
+
+def stats() -> TrafficStats:
+    return TrafficStats(["p"], ["c"])
+
+
+def add(s: TrafficStats, at: float, ms: float, *, error: bool = False, ttft: float | None = None) -> None:
+    s.add("p", "c", at, ms, error, 500 if error else 200, ttft, None, None)
+
+
+def test_a_window_counts_what_ended_within_it_and_forgets_it_after() -> None:
+    s = stats()
+    add(s, T0, 100)
+    add(s, T0 + 30_000, 300, error=True)
+    one = s.report("1m", T0 + 30_000).providers["p"]
+    assert (one.requests, one.errors, one.error_rate) == (2, 1, 0.5)
+    # 1m later the first request has left the 1-minute window, not the 5-minute one
+    later = T0 + 60_000 + BUCKET_MS
+    assert s.report("1m", later).providers["p"].requests == 1
+    assert s.report("5m", later).providers["p"].requests == 2
+    assert s.report("5m", T0 + 10 * 60_000).providers["p"].requests == 0
+    assert s.report("15m", T0 + 10 * 60_000).connections["c"].requests == 2
+    empty = s.report("15m", T0 + 16 * 60_000).providers["p"]
+    assert (empty.requests, empty.p50_ms, empty.error_rate) == (0, None, None)
+
+
+def test_a_jump_past_every_window_starts_over_but_keeps_the_totals() -> None:
+    s = stats()
+    add(s, T0, 100)
+    add(s, T0 + 3 * 3600_000, 100)
+    assert s.report("15m", T0 + 3 * 3600_000).providers["p"].requests == 1
+    assert s.providers["p"].total[0] == 2
+
+
+def test_percentiles_are_interpolated_within_their_bins() -> None:
+    s = stats()
+    for ms in range(1, 101):  # 1..100 ms, evenly
+        add(s, T0, float(ms), ttft=float(ms) * 10)
+    view = s.report("1m", T0).providers["p"]
+    assert view.p50_ms is not None and 40 <= view.p50_ms <= 60
+    assert view.p95_ms is not None and 90 <= view.p95_ms <= 100
+    assert view.ttft_p50_ms is not None and 400 <= view.ttft_p50_ms <= 600
+
+
+def test_tokens_per_second_counts_streams_with_usage_only() -> None:
+    s = stats()
+    s.add("p", "c", T0, 2000, False, 200, 500, (10, 300, 310), 1500)
+    s.add("p", "c", T0, 2000, False, 200, None, (10, 999, 1009), None)  # not a stream
+    assert s.report("5m", T0).providers["p"].tokens_per_second == 200.0
+
+
+def test_the_sparkline_series_is_one_p50_per_bucket() -> None:
+    s = stats()
+    add(s, T0, 100)
+    add(s, T0 + 2 * BUCKET_MS, 1000)
+    series = s.p50_series("p", T0 + 2 * BUCKET_MS, 4)
+    assert series[0] is None and series[2] is None
+    assert series[1] is not None and series[3] is not None and series[1] < series[3]
+
+
+@pytest.mark.parametrize(
+    ("ms", "words"),
+    [(0, "0 ms"), (850, "850 ms"), (12_000, "12 s"), (112_000, "1m52s"), (7_500_000, "2h05m")],
+)
+def test_span(ms: float, words: str) -> None:
+    assert span(ms) == words
+
+
+def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
+    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4, 7)
+    assert usage_of({"usage": None}) is None
+    assert usage_of({"usage": {"prompt_tokens": "3"}}) is None
+    assert usage_of({"usage": {"prompt_tokens": 0, "completion_tokens": 0}}) == (0, 0, 0)
+    assert usage_of({"usage": {"input_tokens": 2, "output_tokens": 3}}) == (2, 3, 5)
+    assert usage_of({"usage": {"prompt_tokens": True}}) is None
+    completed = {"type": "response.completed", "response": {"usage": {"input_tokens": 4, "output_tokens": 6}}}
+    assert usage_of(completed) == (4, 6, 10)
+    final = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}
+    tail = (
+        b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
+        + b"data: "
+        + json.dumps(final).encode()
+        + b"\n\ndata: [DONE]\n\n"
+    )
+    assert stream_usage(tail) == (5, 4, 9)
+    assert stream_usage(b'data: {"choices":[],"usage":null}\n\ndata: [DONE]\n\n') is None
+    assert stream_usage(b'cut-off "usage": {"prompt_tokens": 1}') is None
+
+
+def test_error_of_reads_code_and_message_only() -> None:
+    assert error_of(b'{"error": {"message": "no", "code": "x", "type": "y"}}') == ("x", "no")
+    assert error_of(b'{"error": {"message": "no", "code": null, "type": "y"}}') == ("y", "no")
+    assert error_of(b"<html>") == (None, None)
+    code, message = error_of(json.dumps({"error": {"message": "m" * 1000}}).encode())
+    assert code is None and message is not None and len(message) == 200
+
+
+def test_the_running_windows_match_a_recount_of_every_request() -> None:
+    """Adds and reads interleaved at random instants (some in the same bucket, some far apart):
+    each window always counts exactly the requests whose bucket is within its last N buckets."""
+    import random
+
+    from proxy.readmodel import WINDOWS
+
+    rng = random.Random(11)
+    s = stats()
+    ended: list[tuple[int, bool]] = []  # (bucket, error)
+    now = T0
+    for _ in range(3000):
+        now += rng.choice((0, 0, 300, 2_000, 5_000, 40_000, 400_000))
+        if rng.random() < 0.7:
+            error = rng.random() < 0.3
+            add(s, now, rng.uniform(1, 5000), error=error)
+            ended.append((int(now // BUCKET_MS), error))
+        else:
+            bucket = int(now // BUCKET_MS)
+            for name, ms in WINDOWS.items():
+                span = ms // BUCKET_MS
+                inside = [e for b, e in ended if bucket - span < b <= bucket]
+                view = s.report(name, now).providers["p"]
+                assert (view.requests, view.errors) == (len(inside), sum(inside)), (name, now)

@@ -1,0 +1,79 @@
+"""The Requests tab with Pilot: alive requests on top, `f` for failures only, the trail in words in
+the detail pane, and a client's model name shown as text, never as terminal control."""
+
+from __future__ import annotations
+
+from omniroute_tui.app import OmniRouteApp
+from omniroute_tui.snapshot import TableSnapshot
+from tests.tui.conftest import settle
+from tests.tui.snapshot_app import build_runtime, snapshot_app
+
+SIZE = (120, 40)
+
+
+def shown(app: OmniRouteApp) -> TableSnapshot:
+    snapshot = app.table("requests").snapshot
+    assert snapshot is not None
+    return snapshot
+
+
+async def test_alive_on_top_then_newest_first_and_f_keeps_the_failures() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await settle(pilot)
+        rows = shown(app).rows
+        assert [r.cells[5] for r in rows] == ["streaming", "waiting", "401 invalid_api_key", "200", "200"]
+        assert [r.key[:4] for r in rows] == ["0005", "0004", "0003", "0002", "0001"]
+        await pilot.press("f")
+        await settle(pilot)
+        assert [r.key[:4] for r in shown(app).rows] == ["0003"]
+        assert shown(app).notice is not None
+        await pilot.press("f")
+        await settle(pilot)
+        assert len(shown(app).rows) == 5
+
+
+async def test_the_detail_pane_tells_the_trail_in_words() -> None:
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7", "j")
+        await settle(pilot)
+        detail = shown(app).detail
+        assert detail is not None and detail.title.startswith("0004a1b2c3d4e5f6 · coding · waiting")
+        await pilot.press("j", "j")
+        await settle(pilot)
+        detail = shown(app).detail
+        assert detail is not None
+        assert [text for text, _ in detail.lines][:4] == [
+            "openai-main  skipped  cooling 12 s (429 rate_limited)",
+            "anthropic/claude-3-opus  skipped  breaker OPEN, probe in 8 s",
+            "waited 1.3 s  nothing eligible; waited for ollama-1 (cooling)",
+            "ollama-1  200 in 3.4 s, TTFT 1.6 s, 380 tokens",
+        ]
+        await pilot.press("j")
+        await settle(pilot)
+        detail = shown(app).detail
+        assert detail is not None
+        assert detail.lines[0][0] == "openai-main  429 in 180 ms (rate_limited) → fallback"
+
+
+async def test_a_clients_model_name_is_text_not_terminal_control() -> None:
+    runtime = build_runtime()
+    trail = runtime.trail
+    assert trail is not None
+    record = trail.begin("ffffa1b2c3d4e5f6", "127.0.0.1", "chat/completions")
+    record.model_asked = "evil\x1b]0;pwned\x07\nmodel"
+    record.message = "upstream said \x1b[31mred"
+    trail.end(record, 400)
+    app = OmniRouteApp(runtime, live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await settle(pilot)
+        row = next(r for r in shown(app).rows if r.key.startswith("ffff"))
+        assert "\x1b" not in row.cells[2] and "\\x1b" in row.cells[2] and "\n" not in row.cells[2]
+        app.table("requests").select_key(row.key)
+        await settle(pilot)
+        detail = shown(app).detail
+        assert detail is not None
+        assert all("\x1b" not in text for text, _ in detail.lines) and "\x1b" not in detail.title
