@@ -38,6 +38,8 @@ from proxy.apis import (
     responses_sse_error,
     stream_error,
 )
+from proxy.body import RequestBody, is_json
+from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.resilience.clock import sleep_until
@@ -176,7 +178,7 @@ class Pipeline:
         except ClientDisconnect:  # gone before its body arrived: nobody reads this
             return error_response(499, "the client went away before its body arrived", "client_disconnected")
         try:
-            body = untrusted.loads(raw)
+            body, exact = parse_body(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return error_response(
                 400, "request body is not valid JSON (NaN and Infinity are not JSON either)", "invalid_json"
@@ -193,7 +195,9 @@ class Pipeline:
                 400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
             )
         try:
-            rest = _encode_without_model(body)
+            # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
+            # cannot fail, so nothing an attempt does can fail to encode.
+            payload = RequestBody(raw, body, exact=exact)
         except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
             return error_response(400, "request body is nested too deeply", "invalid_json")
         stream = endpoint != "embeddings" and body.get("stream") is True
@@ -242,7 +246,7 @@ class Pipeline:
         response: Response | None = None
         try:
             response = await _while_connected(
-                request, self._route(endpoint, rest, targets, stream, session, skips, wire)
+                request, self._route(endpoint, payload, targets, stream, session, skips, wire)
             )
             return response
         finally:
@@ -256,7 +260,7 @@ class Pipeline:
     async def _route(
         self,
         endpoint: str,
-        rest: bytes,
+        payload: RequestBody,
         targets: list[Target],
         stream: bool,
         session: str | None,
@@ -272,7 +276,9 @@ class Pipeline:
                     return self._unavailable(decision, progress, targets)
                 progress.tried.clear()
                 continue
-            response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session, wire)
+            response = await self._attempt(
+                decision, endpoint, payload, stream, progress, targets, session, wire
+            )
             if response is not None:
                 return response
             progress.tried.append(decision.connection.spec.id)
@@ -308,7 +314,7 @@ class Pipeline:
         self,
         attempt: Attempt,
         endpoint: str,
-        rest: bytes,
+        payload: RequestBody,
         stream: bool,
         progress: _Progress,
         targets: list[Target],
@@ -327,7 +333,7 @@ class Pipeline:
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
         headers = self._route_headers(attempt, progress, targets)
-        data = _with_model(attempt.target.model, rest)
+        data = payload.for_model(attempt.target.model)
         provider_config = self.config.providers[provider.spec.id]
         url = f"{provider_config.base_url}/{endpoint}"
         conn_config = self.config.connection(conn.spec.id)
@@ -391,7 +397,7 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
-            if _claims_json(upstream.content_type) and not _is_json(content):
+            if _claims_json(upstream.content_type) and not is_json(content):
                 # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
                 # off) is no success: the client could not use it, so the next candidate is tried.
                 broken = Outcome.network(
@@ -852,14 +858,6 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _is_json(content: bytes) -> bool:
-    try:
-        json.loads(content)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return False
-    return True
-
-
 def _shown_url(url: str) -> str:
     """A base_url as an answer may show it: without user name or password, should it hold any."""
     parts = urlsplit(url)
@@ -986,18 +984,6 @@ class _RelayResponse(StreamingResponse):
                 engine = attempt.engine
                 outcome = attempt.outcome
                 engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
-
-
-def _encode_without_model(body: dict[str, Any]) -> bytes:
-    """The request body without its `model`, encoded once per request: each attempt only puts its
-    own model in front (`_with_model`), so nothing an attempt does can fail to encode."""
-    return untrusted.dumps({k: v for k, v in body.items() if k != "model"})
-
-
-def _with_model(model: str, rest: bytes) -> bytes:
-    """`{"model": <model>, ...rest}` from the encoded rest of the body (a JSON object)."""
-    head = b'{"model": ' + untrusted.dumps(model)
-    return head + b"}" if rest == b"{}" else head + b", " + rest[1:]
 
 
 async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
