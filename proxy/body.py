@@ -28,6 +28,7 @@ again from that parser's reading (orjson reads integers past 64 bits as floats).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -39,6 +40,9 @@ __all__ = ["RequestBody", "is_json", "parse"]
 
 _WHITESPACE: Final = b" \t\n\r"
 _MODEL_KEY: Final = b'"model"'
+_FIRST_MEMBER: Final = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"model"[ \t\n\r]*:[ \t\n\r]*"')
+"""A body's start up to the opening quote of its first member's value, when that member is `model`."""
+_AFTER_MEMBER: Final = re.compile(rb"[ \t\n\r]*(,[ \t\n\r]*)?")
 _BACKSLASH: Final = 0x5C
 _QUOTE: Final = 0x22
 _DECODER: Final = json.JSONDecoder()
@@ -110,19 +114,17 @@ def _split(raw: bytes, model: str) -> tuple[tuple[bytes | memoryview, ...], memo
     """(head, tail): the pieces of the body before and after where the model's value goes (views
     of `raw`, not copies), or None when that cannot be told."""
     whole = memoryview(raw)
-    span = _last_member_value(raw)
-    if span is not None:
-        start, end = span
-        return ((whole[:start],), whole[end:]) if _string_is(raw, start, end, model) else None
     first = _first_member(raw)
-    if first is not None:
+    if first is not None and _string_is(raw, first[0], first[1], model):
         value_start, value_end, rest_start, close = first
-        if not _string_is(raw, value_start, value_end, model):
-            return None
         if rest_start == close:  # `{"model": ...}` and nothing else
             return (whole[:value_start],), whole[value_end:]
         # `{` + the other members + `, "model": ` ... `}`: the model last (see the module docstring).
         return (b"{", whole[rest_start:close], b', "model": '), whole[close:]
+    span = _last_member_value(raw)
+    if span is not None:
+        start, end = span
+        return ((whole[:start],), whole[end:]) if _string_is(raw, start, end, model) else None
     span = _only_member_value(raw)
     if span is not None:
         start, end = span
@@ -162,34 +164,24 @@ def _escaped(raw: bytes, i: int) -> bool:
 def _first_member(raw: bytes) -> tuple[int, int, int, int] | None:
     """When the object's first member is `"model": "<string>"`: where its value starts and ends,
     where the next member starts (after the comma) and where the closing brace is."""
-    i = _skip(raw, 0)
-    if raw[i : i + 1] != b"{":
+    head = _FIRST_MEMBER.match(raw)
+    if head is None:
         return None
-    i = _skip(raw, i + 1)
-    if raw[i : i + len(_MODEL_KEY)] != _MODEL_KEY:
-        return None
-    i = _skip(raw, i + len(_MODEL_KEY))
-    if raw[i : i + 1] != b":":
-        return None
-    start = _skip(raw, i + 1)
-    if raw[start : start + 1] != b'"':
-        return None
-    end = start + 1
+    start = end = head.end() - 1
     while True:  # the closing quote: the first unescaped one
-        end = raw.find(b'"', end)
+        end = raw.find(b'"', end + 1)
         if end < 0:
             return None
         if not _escaped(raw, end):
             break
-        end += 1
     end += 1
     close = _skip_back(raw, len(raw)) - 1
-    after = _skip(raw, end)
-    if after == close:
-        return start, end, close, close
-    if raw[after : after + 1] != b",":
+    after = _AFTER_MEMBER.match(raw, end)
+    if after is None:
         return None
-    return start, end, _skip(raw, after + 1), close
+    if after.group(1) is None:  # no comma: the only member
+        return (start, end, close, close) if after.end() == close else None
+    return start, end, after.end(), close
 
 
 def _last_member_value(raw: bytes) -> tuple[int, int] | None:
