@@ -59,8 +59,10 @@ from typing import Any, TextIO
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# 18080 is fixed in nginx-upstream.conf; the others are fixed loopback ports of this benchmark.
-UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = 18080, 18090, 14002, 14010, 14000
+# Loopback ports of this benchmark (18080 is the one in nginx-upstream.conf and
+# litellm-config.yaml); --port-offset moves them all, so two runs on one machine do not collide.
+PORTS = {"upstream": 18080, "sse": 18090, "floor": 14002, "omniroute": 14010, "litellm": 14000}
+UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = PORTS.values()
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
 TARGETS = ("direct", "floor", "omniroute", "cooling", "flapping", "litellm")
 REJECTIONS = ("cooling", "flapping")
@@ -68,7 +70,9 @@ REJECTIONS = ("cooling", "flapping")
 STREAM_CHUNKS = 2000
 PAUSE_MS = 200.0
 
-OMNI_CONFIG = f"""
+
+def omni_config() -> str:
+    return f"""
 [server]
 host = "127.0.0.1"
 port = {OMNI_PORT}
@@ -104,6 +108,7 @@ base_url = "http://127.0.0.1:{UPSTREAM_PORT}/flapping/v1"
 id = "flapping-1"
 api_key = "sk-bench-flapping"
 """
+
 
 # The bars (docs/performance.md#the-bars).
 BAR_FLOOR_THROUGHPUT = 0.80
@@ -185,6 +190,21 @@ def cpu_seconds(session: int) -> float:
         if int(fields[3]) == session:  # fields[3] is `session`; [11], [12] are utime, stime
             total += int(fields[11]) + int(fields[12])
     return total / tick
+
+
+def offset_ports(offset: int) -> None:
+    """Move every port of this benchmark by `offset` (--port-offset)."""
+    global UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT
+    UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = (p + offset for p in PORTS.values())
+
+
+def moved(conf: Path, tmp: Path) -> Path:
+    """A copy of `conf` (nginx or LiteLLM) in `tmp`, for this run's upstream port and temp files."""
+    text = conf.read_text().replace(f"127.0.0.1:{PORTS['upstream']}", f"127.0.0.1:{UPSTREAM_PORT}")
+    text = text.replace("/tmp/omr-bench-nginx", str(tmp / "nginx"))
+    path = tmp / conf.name
+    path.write_text(text)
+    return path
 
 
 def port_open(port: int) -> bool:
@@ -697,6 +717,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"wrk connections for the 400 KB coding-agent body (default {AGENT_CONNECTIONS})",
     )
     ap.add_argument("--skip-agent", action="store_true", help="leave out the coding-agent body measurement")
+    ap.add_argument(
+        "--port-offset",
+        type=int,
+        default=0,
+        help="add this to every port the benchmark uses (another run holds the default ones)",
+    )
     ap.add_argument("--stream-runs", type=int, default=30, help="streams per path (default 30)")
     args = ap.parse_args(argv)
     wanted = [t.strip() for t in args.only.split(",") if t.strip()]
@@ -704,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown targets {unknown}; choose among {','.join(TARGETS)}")
     conns = [int(c) for c in args.connections.split(",")]
+    offset_ports(args.port_offset)
     for tool in ("nginx", "wrk"):
         if not shutil.which(tool):
             print(f"missing {tool}: apt-get install -y nginx wrk", file=sys.stderr)
@@ -727,7 +754,8 @@ def main(argv: list[str] | None = None) -> int:
         return False
 
     try:
-        procs.start("nginx", ["nginx", "-c", str(HERE / "nginx-upstream.conf")])
+        nginx_conf = moved(HERE / "nginx-upstream.conf", tmp)
+        procs.start("nginx", ["nginx", "-c", str(nginx_conf)])
         if not need("nginx", UPSTREAM_PORT):
             return 1
         omni = "omniroute" in wanted or not args.skip_stream
@@ -755,12 +783,13 @@ def main(argv: list[str] | None = None) -> int:
                     "warning",
                 ],
                 cwd=HERE,
+                env={"FLOOR_UPSTREAM": f"http://127.0.0.1:{UPSTREAM_PORT}"},
             )
             if need("floor", FLOOR_PORT):
                 targets["floor"] = (FLOOR_PORT, "bench-model", "sk-bench", procs.session("floor"))
         rejections = [name for name in REJECTIONS if name in wanted]
         if omni or rejections:
-            (tmp / "config.toml").write_text(OMNI_CONFIG)
+            (tmp / "config.toml").write_text(omni_config())
             (tmp / "config.toml").chmod(0o600)  # it holds (bench) keys inline
             cmd = [*omniroute_command(), "serve", "--config", str(tmp / "config.toml")]
             procs.start("omniroute", [*cmd, "--state", str(tmp / "state.db")], cwd=ROOT)
@@ -779,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     "litellm",
                     "--config",
-                    str(HERE / "litellm-config.yaml"),
+                    str(moved(HERE / "litellm-config.yaml", tmp)),
                     "--host",
                     "127.0.0.1",
                     "--port",
