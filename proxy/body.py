@@ -84,11 +84,10 @@ class RequestBody:
     encoder, which writes the bodies that cannot be spliced, goes only so deep.
     """
 
-    __slots__ = ("_head", "_rest", "_tail", "document")
+    __slots__ = ("_head", "_rest", "_tail")
 
     def __init__(self, raw: bytes, document: dict[str, Any], *, exact: bool) -> None:
         """`document`: `raw` parsed (`parse`); `exact`: whether that was the standard parser."""
-        self.document = document
         self._head: tuple[bytes | memoryview, ...] = ()
         self._tail: bytes | memoryview = b""
         self._rest: bytes | None = None

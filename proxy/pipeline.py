@@ -200,6 +200,10 @@ class Pipeline:
         except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
             return error_response(400, "request body is nested too deeply", "invalid_json")
         stream = endpoint != "embeddings" and body.get("stream") is True
+        # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
+        # while they are young, rather than keep them through the attempts and into the cyclic
+        # collector's older generations.
+        del body
 
         pinned = request.headers.get("x-omniroute-connection")
         route = await self.router.resolve(model, pinned)
