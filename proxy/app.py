@@ -26,11 +26,11 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 class ApiRoutes:
     """The proxy's API routes (`POST /v1/...`), dispatched straight from the door.
 
-    Starlette's middleware stack, router and endpoint wrapper cost a request about as much as the
-    proxy's own routing decision (bench/proxy.py, docs/performance.md), so the requests the proxy
-    exists for skip them: an exact path match, then the route's endpoint and its response. Every
-    other request (a management route, another method on these paths, an unknown path) goes on
-    to the Starlette app, which answers it as before. Nothing is lost on the way: the Guard in
+    Starlette's middleware stack, router and endpoint wrapper wrap every request and every message
+    it sends (about 6 % of a small request's instructions, docs/performance.md), so the requests
+    the proxy exists for skip them: an exact path match, then the route's endpoint and its
+    response. Every other request (a management route, another method on these paths, an unknown
+    path) goes on to the Starlette app, which answers it as before. Nothing is lost on the way: the Guard in
     front checks Host, Origin, credentials and Content-Type for both, and answers an unexpected
     exception with the same JSON 500 that Starlette's handler gives.
     """
