@@ -5,6 +5,7 @@
     python bench/proxy.py --only direct,floor,omniroute  # leave LiteLLM out even when installed
     python bench/proxy.py --only omniroute,cooling,flapping --skip-stream   # rejections vs successes
     python bench/proxy.py --only omniroute,unrecorded --connections 8 --skip-stream  # recording's cost
+    python bench/proxy.py --only direct,floor,omniroute --connections 8 --skip-stream --skip-agent
 
 Non-streaming: a fixed-reply nginx upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8
 and 32 connections against the upstream directly, against the *floor* (floor_proxy.py: Starlette +
@@ -14,6 +15,10 @@ script). Each figure is several short rounds in which the targets take turns, an
 the median of the per-round ratios: on a shared machine, load from elsewhere then hits both sides
 of a ratio. The CPU time each target's processes spend per request is reported too: it moves far
 less with that load than throughput does.
+
+The coding-agent body: the same, at 4 connections (--agent-connections) against direct, the floor
+and omniroute, with every request a 400 KB chat completion (60 messages, 30 tools: what a coding
+agent sends each turn; `agent_body()` builds it, deterministically) instead of post.lua's small one.
 
 Rejections, against the same omniroute and reported against its successes (cooldown-aware waiting
 off, so that a rejection is answered, not waited out): *cooling*, a provider whose only key an
@@ -28,7 +33,7 @@ request_history = 0` (no request trail, no statistics), against the same upstrea
 rounds: omniroute / unrecorded throughput is what recording costs (bar: at most 5 % at 8
 connections).
 
-Streaming: sse_upstream.py emits a 1,000-event SSE stream, one send per event, as fast as it can
+Streaming: sse_upstream.py emits a 2,000-event SSE stream, one send per event, as fast as it can
 (chat, then the same stream in the Messages API's form through `/v1/messages`, bar >= 0.90).
 A Python client (aiohttp, `iter_any()`) reads it directly and through omniroute, alternately, and
 counts events: the chunk rate is events / (last byte - first event), the time to first chunk is
@@ -60,18 +65,28 @@ from typing import Any, TextIO
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# 18080 is fixed in nginx-upstream.conf; the others are fixed loopback ports of this benchmark.
-UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT = 18080, 18090, 14002, 14010, 14000
-QUIET_PORT = 14011
-"""omniroute with recording off (`unrecorded`)."""
+# Loopback ports of this benchmark (18080 is the one in nginx-upstream.conf and
+# litellm-config.yaml); --port-offset moves them all, so two runs on one machine do not collide.
+PORTS = {
+    "upstream": 18080,
+    "sse": 18090,
+    "floor": 14002,
+    "omniroute": 14010,
+    "litellm": 14000,
+    "quiet": 14011,
+}
+"""`quiet`: omniroute with recording off (`unrecorded`)."""
+UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT = PORTS.values()
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
 TARGETS = ("direct", "floor", "omniroute", "unrecorded", "cooling", "flapping", "litellm")
 REJECTIONS = ("cooling", "flapping")
 """Targets served by omniroute whose every request is refused (see the module docstring)."""
-STREAM_CHUNKS = 1000
+STREAM_CHUNKS = 2000
 PAUSE_MS = 200.0
 
-OMNI_CONFIG = f"""
+
+def omni_config() -> str:
+    return f"""
 [server]
 host = "127.0.0.1"
 port = {OMNI_PORT}
@@ -108,11 +123,15 @@ id = "flapping-1"
 api_key = "sk-bench-flapping"
 """
 
+
 # The bars (docs/performance.md#the-bars).
-BAR_FLOOR_THROUGHPUT = 0.60
-BAR_ADDED_P50 = 2.0
+BAR_FLOOR_THROUGHPUT = 0.80
+BAR_ADDED_P50 = 1.3
+BAR_AGENT_THROUGHPUT = 0.85
+"""The coding-agent body's throughput over the floor's, at AGENT_CONNECTIONS."""
+AGENT_CONNECTIONS = 4
 BAR_LITELLM = 20.0
-BAR_STREAM_RATE = 0.80
+BAR_STREAM_RATE = 0.90
 BAR_MESSAGES_STREAM_RATE = 0.90
 """The Messages API relay (Claude Code's): its stream start holds the preamble back and its relay
 watches every event for an `error`, and it must still keep up (issue #14)."""
@@ -189,6 +208,23 @@ def cpu_seconds(session: int) -> float:
     return total / tick
 
 
+def offset_ports(offset: int) -> None:
+    """Move every port of this benchmark by `offset` (--port-offset)."""
+    global UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT
+    UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT = (
+        p + offset for p in PORTS.values()
+    )
+
+
+def moved(conf: Path, tmp: Path) -> Path:
+    """A copy of `conf` (nginx or LiteLLM) in `tmp`, for this run's upstream port and temp files."""
+    text = conf.read_text().replace(f"127.0.0.1:{PORTS['upstream']}", f"127.0.0.1:{UPSTREAM_PORT}")
+    text = text.replace("/tmp/omr-bench-nginx", str(tmp / "nginx"))
+    path = tmp / conf.name
+    path.write_text(text)
+    return path
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -257,7 +293,44 @@ def omniroute_command() -> list[str]:
 # ---------------------------------------------------------------------- non-streaming (wrk)
 
 
-def wrk(port: int, connections: int, seconds: int, model: str, key: str = "sk-bench") -> dict[str, float]:
+def agent_body(path: Path) -> Path:
+    """A coding-agent-sized request, the same every run: about 400 KB of JSON, 60 messages (a
+    system prompt, then 59 turns of 6,500 characters) and 30 tool definitions. Its `model` is MODEL,
+    which post.lua replaces."""
+    import json
+    import random
+
+    rng = random.Random(7)
+    alphabet = "abcdefghijklmnopqrstuvwxyz    (){};=.\n"
+    messages = [{"role": "system", "content": "You are a careful coding agent. " * 60}]
+    for i in range(59):
+        text = "".join(rng.choice(alphabet) for _ in range(6500))
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "does a thing " * 8,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "line": {"type": "integer"}},
+                },
+            },
+        }
+        for i in range(30)
+    ]
+    path.write_text(json.dumps({"model": "MODEL", "messages": messages, "tools": tools, "max_tokens": 1}))
+    return path
+
+
+def wrk(
+    port: int, connections: int, seconds: int, model: str, key: str = "sk-bench", body: Path | None = None
+) -> dict[str, float]:
+    """One wrk run of post.lua; `body`: a file to send instead of its small request."""
+    env = {**os.environ, "BENCH_MODEL": model, "BENCH_KEY": key}
+    if body is not None:
+        env["BENCH_BODY_FILE"] = str(body)
     out = subprocess.run(
         [
             "wrk",
@@ -270,7 +343,7 @@ def wrk(port: int, connections: int, seconds: int, model: str, key: str = "sk-be
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "BENCH_MODEL": model, "BENCH_KEY": key},
+        env=env,
     )
     m = re.search(r"RESULT (.*)", out.stdout)
     if not m:
@@ -284,30 +357,30 @@ Target = tuple[int, str, str, int]
 """port, model, API key, and the session id of the serving processes (for their CPU time)."""
 
 
-def wrk_cpu(target: Target, connections: int, seconds: int) -> dict[str, float]:
+def wrk_cpu(target: Target, connections: int, seconds: int, body: Path | None = None) -> dict[str, float]:
     """One wrk run plus the target's CPU time per request (`cpu_us`), a figure that the load
     of other processes on the machine disturbs far less than throughput."""
     port, model, key, session = target
     before = cpu_seconds(session)
-    result = wrk(port, connections, seconds, model, key)
+    result = wrk(port, connections, seconds, model, key, body)
     used = cpu_seconds(session) - before
     result["cpu_us"] = used * 1e6 / result["requests"] if result.get("requests") else 0.0
     return result
 
 
 def measure(
-    targets: dict[str, Target], connections: int, seconds: int, rounds: int
+    targets: dict[str, Target], connections: int, seconds: int, rounds: int, body: Path | None = None
 ) -> dict[str, list[dict[str, float]]]:
     """Every target at one connection count: a warm-up each, then `rounds` short rounds in which
     the targets take turns (in a rotating order), so that load from elsewhere on the machine falls
     on all of them alike and each ratio can be taken within a round."""
     for port, model, key, _ in targets.values():
-        wrk(port, connections, 2, model, key)
+        wrk(port, connections, 2, model, key, body)
     names = list(targets)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            runs[name].append(wrk_cpu(targets[name], connections, seconds))
+            runs[name].append(wrk_cpu(targets[name], connections, seconds, body))
     return runs
 
 
@@ -440,7 +513,7 @@ class Report:
             self.line(f"  {name:<{width}}  {bar:<14} {measured:<44} {verdict}")
 
 
-def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm: str) -> None:
+def table(report: Report, rounds: Rounds) -> None:
     report.line(
         f"{'target':<10} {'conns':>5} {'req/s':>10} {'spread':>7} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'cpu us/req':>10} {'errors':>7} {'non2xx':>7}"
@@ -451,6 +524,10 @@ def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm:
             f"{name:<10} {c:>5} {r['rps']:>10.1f} {r['spread']:>7.0%} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
             f"{r['cpu_us']:>10.0f} {int(r['errors']):>7} {int(r['non2xx']):>7}"
         )
+
+
+def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm: str) -> None:
+    table(report, rounds)
     report.line(
         "(medians of the rounds; spread: the rounds' req/s max - min over the median; cpu us/req: CPU time\n"
         " of the target's processes per request, user + system: direct is nginx)"
@@ -530,6 +607,27 @@ def recording_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
     else:
         o, q = summary(rounds[("omniroute", 8)]), summary(rounds[("unrecorded", 8)])
         report.bar(name, bar, f"{ratio:.3f} ({o['rps']:.0f} vs {q['rps']:.0f} req/s)", ratio >= BAR_RECORDING)
+
+
+def agent_section(report: Report, rounds: Rounds, c: int) -> None:
+    """The coding-agent body's figures (the same columns) and its bar."""
+    report.line()
+    report.line("coding-agent body (400 KB: 60 messages, 30 tools), medians of the rounds")
+    table(report, rounds)
+    name, bar = f"agent body throughput vs floor, {c} conns", f">= {BAR_AGENT_THROUGHPUT:.2f}"
+    ratio = throughput_ratio(rounds, "omniroute", "floor", c)
+    if ratio is None:
+        report.bar(name, bar, "not measured (needs floor, omniroute)", None)
+        return
+    o, f = summary(rounds[("omniroute", c)]), summary(rounds[("floor", c)])
+    measured = f"{ratio:.2f} ({o['rps']:.0f} vs {f['rps']:.0f} req/s)"
+    cpu_ratio = throughput_ratio(rounds, "floor", "omniroute", c, "cpu_us")
+    if cpu_ratio is not None:
+        measured += f"; by CPU per request {cpu_ratio:.2f}"
+    added = added_p50(rounds, c)
+    if added is not None:
+        report.line(f"  c={c}: added p50 {added[0]:.3f} ms vs floor {added[1]:.3f} ms (x{added[2]:.2f})")
+    report.bar(name, bar, measured, ratio >= BAR_AGENT_THROUGHPUT)
 
 
 def rejection_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
@@ -656,6 +754,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connections", default="1,8,32", help="wrk connection counts, comma-separated")
     ap.add_argument("--only", default=",".join(TARGETS), help=f"targets among {','.join(TARGETS)}")
     ap.add_argument("--skip-stream", action="store_true", help="leave out the streaming relay measurement")
+    ap.add_argument(
+        "--agent-connections",
+        type=int,
+        default=AGENT_CONNECTIONS,
+        help=f"wrk connections for the 400 KB coding-agent body (default {AGENT_CONNECTIONS})",
+    )
+    ap.add_argument("--skip-agent", action="store_true", help="leave out the coding-agent body measurement")
+    ap.add_argument(
+        "--port-offset",
+        type=int,
+        default=0,
+        help="add this to every port the benchmark uses (another run holds the default ones)",
+    )
     ap.add_argument("--stream-runs", type=int, default=30, help="streams per path (default 30)")
     args = ap.parse_args(argv)
     wanted = [t.strip() for t in args.only.split(",") if t.strip()]
@@ -663,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown targets {unknown}; choose among {','.join(TARGETS)}")
     conns = [int(c) for c in args.connections.split(",")]
+    offset_ports(args.port_offset)
     for tool in ("nginx", "wrk"):
         if not shutil.which(tool):
             print(f"missing {tool}: apt-get install -y nginx wrk", file=sys.stderr)
@@ -688,12 +800,14 @@ def main(argv: list[str] | None = None) -> int:
         return False
 
     try:
-        procs.start("nginx", ["nginx", "-c", str(HERE / "nginx-upstream.conf")])
+        nginx_conf = moved(HERE / "nginx-upstream.conf", tmp)
+        procs.start("nginx", ["nginx", "-c", str(nginx_conf)])
         if not need("nginx", UPSTREAM_PORT):
             return 1
         omni = "omniroute" in wanted or not args.skip_stream
         if not args.skip_stream:
-            procs.start("sse", [sys.executable, str(HERE / "sse_upstream.py"), "--port", str(SSE_PORT)])
+            sse = [sys.executable, str(HERE / "sse_upstream.py"), "--port", str(SSE_PORT)]
+            procs.start("sse", [*sse, "--chunks", str(STREAM_CHUNKS)])
             need("sse", SSE_PORT)
         targets: dict[str, Target] = {}
         if "direct" in wanted:
@@ -715,12 +829,13 @@ def main(argv: list[str] | None = None) -> int:
                     "warning",
                 ],
                 cwd=HERE,
+                env={"FLOOR_UPSTREAM": f"http://127.0.0.1:{UPSTREAM_PORT}"},
             )
             if need("floor", FLOOR_PORT):
                 targets["floor"] = (FLOOR_PORT, "bench-model", "sk-bench", procs.session("floor"))
         rejections = [name for name in REJECTIONS if name in wanted]
         if omni or rejections:
-            (tmp / "config.toml").write_text(OMNI_CONFIG)
+            (tmp / "config.toml").write_text(omni_config())
             (tmp / "config.toml").chmod(0o600)  # it holds (bench) keys inline
             cmd = [*omniroute_command(), "serve", "--config", str(tmp / "config.toml")]
             procs.start("omniroute", [*cmd, "--state", str(tmp / "state.db")], cwd=ROOT)
@@ -733,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name in rejections:
                     targets[name] = (OMNI_PORT, f"{name}/bench-model", "sk-bench", session)
         if "unrecorded" in wanted:
-            quiet = OMNI_CONFIG.replace(
+            quiet = omni_config().replace(
                 f"port = {OMNI_PORT}\n", f"port = {QUIET_PORT}\nrequest_history = 0\n"
             )
             (tmp / "quiet.toml").write_text(quiet)
@@ -750,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     "litellm",
                     "--config",
-                    str(HERE / "litellm-config.yaml"),
+                    str(moved(HERE / "litellm-config.yaml", tmp)),
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -782,6 +897,17 @@ def main(argv: list[str] | None = None) -> int:
         nonstream_section(report, rounds, conns, litellm_note)
         recording_section(report, rounds, conns)
         rejection_section(report, rounds, conns)
+
+        agent_targets = {n: t for n, t in targets.items() if n in ("direct", "floor", "omniroute")}
+        if not args.skip_agent and agent_targets:
+            c = args.agent_connections
+            body = agent_body(tmp / "agent-body.json")
+            try:
+                measured = measure(agent_targets, c, args.seconds, args.rounds, body)
+                agent_section(report, {(name, c): runs for name, runs in measured.items()}, c)
+            except RuntimeError as exc:
+                print(f"agent body, c={c}: {exc}", file=sys.stderr)
+                failed = True
 
         if not args.skip_stream:
             if port_open(SSE_PORT) and port_open(OMNI_PORT):

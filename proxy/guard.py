@@ -40,6 +40,7 @@ from proxy.responses import error_body
 
 log = logging.getLogger("omniroute")
 
+_HOSTS_CACHED: Final = 64
 _UNSAFE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _CORS_ALLOW_HEADERS: Final = (
     b"authorization, content-type, x-omniroute-connection, x-session-id, x-codex-session-id, "
@@ -58,6 +59,9 @@ class Guard:
         self.api_keys = [k.encode() for k in server.api_keys]
         self.allowed_hosts = frozenset(server.allowed_hosts)
         self.allowed_origins = frozenset(server.allowed_origins)
+        self._hosts: dict[bytes, bool] = {}
+        """Host header -> allowed: the same few values arrive with every request, and reading one
+        takes an IP address parse. At most _HOSTS_CACHED entries: a client cannot grow it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -157,8 +161,13 @@ class Guard:
         return None
 
     def _host_allowed(self, header: bytes) -> bool:
-        name = host_name(header.decode("latin-1"))
-        return is_loopback_host(name) or name in self.allowed_hosts
+        allowed = self._hosts.get(header)
+        if allowed is None:
+            name = host_name(header.decode("latin-1"))
+            allowed = is_loopback_host(name) or name in self.allowed_hosts
+            if len(self._hosts) < _HOSTS_CACHED:
+                self._hosts[header] = allowed
+        return allowed
 
     def _origin_allowed(self, header: bytes) -> bool:
         if not self.allowed_origins:

@@ -10,7 +10,6 @@ after it the stream ends with an error event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
@@ -38,6 +37,8 @@ from proxy.apis import (
     responses_sse_error,
     stream_error,
 )
+from proxy.body import RequestBody, is_json
+from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.resilience.clock import sleep_until
@@ -202,7 +203,7 @@ class Pipeline:
         except ClientDisconnect:  # gone before its body arrived: nobody reads this
             return error_response(499, "the client went away before its body arrived", "client_disconnected")
         try:
-            body = untrusted.loads(raw)
+            body, exact = parse_body(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return error_response(
                 400, "request body is not valid JSON (NaN and Infinity are not JSON either)", "invalid_json"
@@ -219,12 +220,18 @@ class Pipeline:
                 400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
             )
         try:
-            rest = _encode_without_model(body)
+            # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
+            # cannot fail, so nothing an attempt does can fail to encode.
+            payload = RequestBody(raw, body, exact=exact)
         except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
             return error_response(400, "request body is nested too deeply", "invalid_json")
         stream = endpoint != "embeddings" and body.get("stream") is True
         if record is not None:
             record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
+        # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
+        # while they are young, rather than keep them through the attempts and into the cyclic
+        # collector's older generations.
+        del body
 
         pinned = request.headers.get("x-omniroute-connection")
         route = await self.router.resolve(model, pinned)
@@ -272,7 +279,7 @@ class Pipeline:
         response: Response | None = None
         try:
             response = await _while_connected(
-                request, self._route(endpoint, rest, targets, stream, session, skips, wire, record)
+                request, self._route(endpoint, payload, targets, stream, session, skips, wire, record)
             )
             return response
         finally:
@@ -286,7 +293,7 @@ class Pipeline:
     async def _route(
         self,
         endpoint: str,
-        rest: bytes,
+        payload: RequestBody,
         targets: list[Target],
         stream: bool,
         session: str | None,
@@ -308,7 +315,9 @@ class Pipeline:
                 continue
             if record is not None and trail is not None:
                 trail.passed_over(record, decision, targets, progress.tried)
-            response = await self._attempt(decision, endpoint, rest, stream, progress, targets, session, wire)
+            response = await self._attempt(
+                decision, endpoint, payload, stream, progress, targets, session, wire
+            )
             if response is not None:
                 return response
             progress.tried.append(decision.connection.spec.id)
@@ -349,7 +358,7 @@ class Pipeline:
         self,
         attempt: Attempt,
         endpoint: str,
-        rest: bytes,
+        payload: RequestBody,
         stream: bool,
         progress: _Progress,
         targets: list[Target],
@@ -368,7 +377,7 @@ class Pipeline:
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
         headers = self._route_headers(attempt, progress, targets)
-        data = _with_model(attempt.target.model, rest)
+        data = payload.for_model(attempt.target.model)
         provider_config = self.config.providers[provider.spec.id]
         url = f"{provider_config.base_url}/{endpoint}"
         conn_config = self.config.connection(conn.spec.id)
@@ -433,8 +442,12 @@ class Pipeline:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
             claims_json = _claims_json(upstream.content_type)
-            parsed = _parsed(content) if claims_json else _NOT_JSON
-            if claims_json and parsed is _NOT_JSON:
+            if progress.record is not None:  # the trail reads the usage: parse it whole
+                parsed = _parsed(content) if claims_json else _NOT_JSON
+                garbled = claims_json and parsed is _NOT_JSON
+            else:  # nobody reads it: only check it is JSON, which builds no objects
+                parsed, garbled = _NOT_JSON, claims_json and not is_json(content)
+            if garbled:
                 # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
                 # off) is no success: the client could not use it, so the next candidate is tried.
                 broken = Outcome.network(
@@ -1127,18 +1140,6 @@ class _RelayResponse(StreamingResponse):
                     _stream_ended(attempt.trail, attempt.record, self.status_code, outcome)
 
 
-def _encode_without_model(body: dict[str, Any]) -> bytes:
-    """The request body without its `model`, encoded once per request: each attempt only puts its
-    own model in front (`_with_model`), so nothing an attempt does can fail to encode."""
-    return untrusted.dumps({k: v for k, v in body.items() if k != "model"})
-
-
-def _with_model(model: str, rest: bytes) -> bytes:
-    """`{"model": <model>, ...rest}` from the encoded rest of the body (a JSON object)."""
-    head = b'{"model": ' + untrusted.dumps(model)
-    return head + b"}" if rest == b"{}" else head + b", " + rest[1:]
-
-
 async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
     """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
 
@@ -1147,22 +1148,37 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
     (whose connection is then closed, so the upstream stops working on it too). Each attempt's
     scope then records a disconnect, which counts against no layer, and gives its places back.
     A stream, once its response is returned, is watched by the response itself.
+
+    The attempts run in this task, and only the watch gets one of its own, which cancels this task
+    when the client leaves (a task and an `asyncio.wait` fewer per request than running the
+    attempts in a task of their own). Cancelled, the attempts' scopes run their finally blocks
+    before the cancellation reaches here: slots and probe are back before the answer.
     """
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request.receive))
+    handler = asyncio.current_task()
+    assert handler is not None  # an ASGI app runs in a task
+    watch = asyncio.ensure_future(_disconnect(request.receive))
+    gone = False
+    answered = False
+
+    def client_left(watched: asyncio.Future[None]) -> None:
+        nonlocal gone
+        # `answered`: the watch may end in the same turn of the loop as the attempts; the answer
+        # that is on its way then must not be cancelled.
+        if not answered and not watched.cancelled() and watched.exception() is None:
+            gone = True
+            handler.cancel()
+
+    watch.add_done_callback(client_left)
     try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this handler was cancelled (shutdown): the attempts go with it
-        task.cancel()
+        return await work
+    except asyncio.CancelledError:
+        # Ours (the client left), unless this handler was cancelled too (shutdown): then it goes on.
+        if gone and handler.uncancel() == 0:
+            return error_response(499, "the client went away before the answer", "client_disconnected")
         raise
     finally:
-        gone.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task  # its scopes' finally blocks run now: slots and probe are back before we answer
-        return error_response(499, "the client went away before the answer", "client_disconnected")
-    return task.result()
+        answered = True
+        watch.cancel()
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -1175,17 +1191,27 @@ async def _disconnect(receive: Receive) -> None:
 
 
 async def _read_body(request: Request) -> bytes:
+    """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
+    client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
+    does, without an async generator per request."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
+    receive = request.receive
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _observe(parser: SSEParser, watchdog: ThroughputWatchdog, chunk: bytes, now: float) -> None:

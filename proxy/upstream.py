@@ -65,6 +65,17 @@ class UpstreamResponse:
         """
         limit = MAX_UPSTREAM_BODY_BYTES
         response = self._response
+        content = response.content
+        if content.is_eof() and content.exception() is None:
+            # The whole body came with the headers (the common case for a short answer): there is
+            # nothing to wait for, so no deadline to set up. (A body can only be buffered whole up
+            # to aiohttp's read buffer limits; the size check is kept all the same.)
+            data = content.read_nowait()
+            if len(data) > limit:
+                response.close()
+                raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
+            response.release()
+            return data
         deadline = asyncio.timeout(self._body_timeout_ms / 1000)
         try:
             if response.content_length is not None and response.content_length > limit:

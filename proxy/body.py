@@ -1,0 +1,257 @@
+"""A client's request body, parsed once and sent on as it came, with only its model changed.
+
+A coding agent sends about 400 KB of JSON with every request. Parsing it is needed (the model,
+`stream`, and a clear 400 for anything that is not a JSON object), but encoding all of it again
+cost several times what the parse does. So `RequestBody.for_model` writes the attempt's model into
+the client's own bytes and copies the rest as it came: the upstream reads the same members and
+values the client sent (in the client's spacing), with the model the attempt is for.
+
+Where the model goes depends on where the client put it:
+
+- **Last member** (`{..., "model": "a/b"}`): its value is replaced in place.
+- **First member** (`{"model": "a/b", ...}`): that member is taken out and the model is written as
+  the last member instead. Whatever else the body holds, a JSON reader that takes the last of
+  repeated keys (the standard for JavaScript, Python, Go and most servers, and how this proxy read
+  the client's body) then reads the attempt's model: a client that repeats `model` further on
+  cannot make the upstream see a name of its choosing.
+- **Anywhere else** (the OpenAI Python SDK writes `messages` first): the top-level members are
+  walked with the standard library's scanner, which says where each one ends. One `model` member
+  has its value replaced in place; a body that repeats it is encoded again without it, as before.
+
+The first two are found from the ends of the bytes, in time that does not grow with the body.
+Parsing is orjson's, several times faster than the standard library's; whatever orjson refuses
+(lone surrogates, nesting past 1,024 levels, a byte order mark, UTF-16) goes to the strict
+standard parser (`untrusted.loads`), which decides as it always did, and such a body is encoded
+again from that parser's reading (orjson reads integers past 64 bits as floats).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+import orjson
+
+from proxy import untrusted
+
+__all__ = ["RequestBody", "is_json", "parse"]
+
+_WHITESPACE: Final = b" \t\n\r"
+_MODEL_KEY: Final = b'"model"'
+_FIRST_MEMBER: Final = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"model"[ \t\n\r]*:[ \t\n\r]*"')
+"""A body's start up to the opening quote of its first member's value, when that member is `model`."""
+_AFTER_MEMBER: Final = re.compile(rb"[ \t\n\r]*(,[ \t\n\r]*)?")
+_BACKSLASH: Final = 0x5C
+_QUOTE: Final = 0x22
+_DECODER: Final = json.JSONDecoder()
+# The standard library's C scanner: one JSON value (or string) from a position, and where it ends.
+# Used only on bodies orjson accepted (no NaN there). Typeshed does not declare these attributes,
+# which JSONDecoder sets in __init__.
+_scan_value: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+_scan_string: Callable[[str, int, bool], tuple[str, int]] = _DECODER.parse_string  # type: ignore[attr-defined]
+
+
+def parse(raw: bytes) -> tuple[Any, bool]:
+    """The JSON document in `raw` (ValueError or RecursionError when it is not JSON), and whether it
+    is the strict standard parser's reading: orjson reads what it can, the standard parser the rest."""
+    try:
+        return orjson.loads(raw), False
+    except orjson.JSONDecodeError:
+        return untrusted.loads(raw), True
+
+
+def is_json(raw: bytes) -> bool:
+    """Does `raw` hold a JSON document (as the strict standard parser reads JSON)?"""
+    try:
+        orjson.loads(raw)
+        return True
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        untrusted.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return False
+    return True
+
+
+class RequestBody:
+    """A parsed request body (a JSON object with a string `model`) that any attempt's model can be
+    written into (`for_model`, which cannot fail).
+
+    Raises ValueError or RecursionError when the body cannot be sent on at all: the standard
+    encoder, which writes the bodies that cannot be spliced, goes only so deep.
+    """
+
+    __slots__ = ("_head", "_rest", "_tail")
+
+    def __init__(self, raw: bytes, document: dict[str, Any], *, exact: bool) -> None:
+        """`document`: `raw` parsed (`parse`); `exact`: whether that was the standard parser."""
+        self._head: tuple[bytes | memoryview, ...] = ()
+        self._tail: bytes | memoryview = b""
+        self._rest: bytes | None = None
+        # Only bytes orjson took are spliced: UTF-8 without a byte order mark, as JSON is sent.
+        model = document.get("model")
+        split = None if exact or not isinstance(model, str) else _split(raw, model)
+        if split is not None:
+            self._head, self._tail = split
+            return
+        read = document if exact else untrusted.loads(raw)
+        self._rest = untrusted.dumps({k: v for k, v in read.items() if k != "model"})
+
+    def for_model(self, model: str) -> bytes:
+        """The body to send upstream: the client's body with `model` as its model."""
+        value = untrusted.dumps(model)
+        if self._rest is None:
+            return b"".join((*self._head, value, self._tail))  # the one copy of the body
+        head = b'{"model": ' + value
+        return head + b"}" if self._rest == b"{}" else head + b", " + self._rest[1:]
+
+
+def _split(raw: bytes, model: str) -> tuple[tuple[bytes | memoryview, ...], memoryview] | None:
+    """(head, tail): the pieces of the body before and after where the model's value goes (views
+    of `raw`, not copies), or None when that cannot be told."""
+    whole = memoryview(raw)
+    first = _first_member(raw)
+    if first is not None and _string_is(raw, first[0], first[1], model):
+        value_start, value_end, rest_start, close = first
+        if rest_start == close:  # `{"model": ...}` and nothing else
+            return (whole[:value_start],), whole[value_end:]
+        # `{` + the other members + `, "model": ` ... `}`: the model last (see the module docstring).
+        return (b"{", whole[rest_start:close], b', "model": '), whole[close:]
+    span = _last_member_value(raw)
+    if span is not None:
+        start, end = span
+        return ((whole[:start],), whole[end:]) if _string_is(raw, start, end, model) else None
+    span = _only_member_value(raw)
+    if span is not None:
+        start, end = span
+        return ((whole[:start],), whole[end:]) if _string_is(raw, start, end, model) else None
+    return None
+
+
+def _string_is(raw: bytes, start: int, end: int, model: str) -> bool:
+    """Is raw[start:end] a JSON string that reads `model`?"""
+    try:
+        return bool(orjson.loads(raw[start:end]) == model)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _skip(raw: bytes, i: int) -> int:
+    while i < len(raw) and raw[i] in _WHITESPACE:
+        i += 1
+    return i
+
+
+def _skip_back(raw: bytes, i: int) -> int:
+    """The index just after the last non-whitespace byte before `i`."""
+    while i > 0 and raw[i - 1] in _WHITESPACE:
+        i -= 1
+    return i
+
+
+def _escaped(raw: bytes, i: int) -> bool:
+    """Is the byte at `i` escaped (preceded by an odd number of backslashes)?"""
+    slashes = 0
+    while i - 1 - slashes >= 0 and raw[i - 1 - slashes] == _BACKSLASH:
+        slashes += 1
+    return slashes % 2 == 1
+
+
+def _first_member(raw: bytes) -> tuple[int, int, int, int] | None:
+    """When the object's first member is `"model": "<string>"`: where its value starts and ends,
+    where the next member starts (after the comma) and where the closing brace is."""
+    head = _FIRST_MEMBER.match(raw)
+    if head is None:
+        return None
+    start = end = head.end() - 1
+    while True:  # the closing quote: the first unescaped one
+        end = raw.find(b'"', end + 1)
+        if end < 0:
+            return None
+        if not _escaped(raw, end):
+            break
+    end += 1
+    close = _skip_back(raw, len(raw)) - 1
+    after = _AFTER_MEMBER.match(raw, end)
+    if after is None:
+        return None
+    if after.group(1) is None:  # no comma: the only member
+        return (start, end, close, close) if after.end() == close else None
+    return start, end, after.end(), close
+
+
+def _last_member_value(raw: bytes) -> tuple[int, int] | None:
+    """When the object's last member is `"model": "<string>"`: where its value starts and ends.
+
+    Read backwards from the closing brace: the last value's closing quote, its opening quote (the
+    first unescaped quote before it: inside a string every quote is escaped), the colon, and a key
+    that is exactly `"model"` after a comma or the opening brace. In a valid document that is a
+    member of the top-level object.
+    """
+    close = _skip_back(raw, len(raw)) - 1
+    if close < 0 or raw[close] != ord("}"):
+        return None
+    end = _skip_back(raw, close)
+    if end == 0 or raw[end - 1] != _QUOTE:
+        return None
+    start = end - 1
+    while True:
+        start = raw.rfind(b'"', 0, start)
+        if start < 0:
+            return None
+        if not _escaped(raw, start):
+            break
+    colon = _skip_back(raw, start)
+    if colon == 0 or raw[colon - 1] != ord(":"):
+        return None
+    key_end = _skip_back(raw, colon - 1)
+    key_start = key_end - len(_MODEL_KEY)
+    if key_start < 0 or raw[key_start:key_end] != _MODEL_KEY or _escaped(raw, key_start):
+        return None
+    before = _skip_back(raw, key_start)
+    if before == 0 or raw[before - 1] not in b",{":
+        return None
+    return start, end
+
+
+def _only_member_value(raw: bytes) -> tuple[int, int] | None:
+    """Where the value of the one top-level `model` member is, found by walking the top-level members
+    with the standard scanner; None when there is not exactly one or it is not a string."""
+    text = raw.decode()  # orjson accepted it: UTF-8
+    found: list[tuple[int, int]] = []
+    try:
+        i = _skip_text(text, 0)
+        if text[i : i + 1] != "{":
+            return None
+        i = _skip_text(text, i + 1)
+        while text[i : i + 1] == '"':
+            key, i = _scan_string(text, i + 1, True)
+            i = _skip_text(text, i)
+            if text[i : i + 1] != ":":
+                return None
+            start = _skip_text(text, i + 1)
+            _, end = _scan_value(text, start)
+            if key == "model":
+                found.append((start, end))
+            i = _skip_text(text, end)
+            if text[i : i + 1] == ",":
+                i = _skip_text(text, i + 1)
+    except (ValueError, StopIteration, RecursionError):
+        return None
+    if len(found) != 1:
+        return None
+    start, end = found[0]
+    if text.isascii():
+        return start, end
+    # Byte offsets of the characters: only the text before the value and the value itself count.
+    byte_start = len(text[:start].encode())
+    return byte_start, byte_start + len(text[start:end].encode())
+
+
+def _skip_text(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i

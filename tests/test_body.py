@@ -1,0 +1,177 @@
+"""proxy/body.py: a request body is parsed once and sent on with only its model changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.body import RequestBody, is_json, parse
+
+
+def sent(raw: bytes, model: str = "m-up") -> bytes:
+    document, exact = parse(raw)
+    return RequestBody(raw, document, exact=exact).for_model(model)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param(b'{"model": "p/m"}', b'{"model": "m-up"}', id="only"),
+        pytest.param(b'{"messages": [], "model":"p/m"}', b'{"messages": [], "model":"m-up"}', id="last"),
+        pytest.param(
+            b'{ "stream" : true ,\n  "model"\t:\r\n "p/m" }\n',
+            b'{ "stream" : true ,\n  "model"\t:\r\n "m-up" }\n',
+            id="whitespace",
+        ),
+        pytest.param(
+            b'{"x": "\\\\", "model": "p/\\"q\\"\\\\"}', b'{"x": "\\\\", "model": "m-up"}', id="escapes"
+        ),
+        pytest.param(
+            b'{"model": "p/m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}',
+            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "model": "m-up"}',
+            id="first-goes-last",
+        ),
+        pytest.param(
+            b'{"model": "p/m", "big": 123456789012345678901234567890, "z": -0, "f": 1.50}',
+            b'{"big": 123456789012345678901234567890, "z": -0, "f": 1.50, "model": "m-up"}',
+            id="numbers-as-sent",
+        ),
+        pytest.param(
+            b'{"messages": [], "model": "p/m", "stream": true}',
+            b'{"messages": [], "model": "m-up", "stream": true}',
+            id="middle",
+        ),
+        pytest.param(
+            '{"a": "naïve ✓", "model": "p/é", "b": "ü"}'.encode(),
+            '{"a": "naïve ✓", "model": "m-up", "b": "ü"}'.encode(),
+            id="middle-utf8",
+        ),
+        pytest.param(
+            b'{"a": {"model": "p/n"}, "model": "p/m", "c": [{"model": "p/m"}]}',
+            b'{"a": {"model": "p/n"}, "model": "m-up", "c": [{"model": "p/m"}]}',
+            id="nested-keys-untouched",
+        ),
+        pytest.param(
+            b'{"model": "p/m", "k": "\\", \\"model\\": \\"p/m"}',
+            b'{"k": "\\", \\"model\\": \\"p/m", "model": "m-up"}',
+            id="a-string-that-looks-like-the-member",
+        ),
+    ],
+)
+def test_the_body_is_the_clients_bytes_with_only_the_model_changed(raw: bytes, expected: bytes) -> None:
+    assert sent(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "p/x", "model": "p/m"}',
+        b'{"model": "p/m", "messages": [], "model": "p/m", "x": 1}',
+        b'{"a": 1, "model": "p/m", "b": 2, "model": "p/m", "c": 3}',
+        b'{"a": 1, "\\u006dodel": "p/m", "model": "p/m", "c": 3}',
+        b'{"a": 1, "model": "p/m", "model": "p/m", "c": {"model": "p/m"}}',
+    ],
+)
+def test_a_repeated_model_key_is_read_as_the_attempts_model(raw: bytes) -> None:
+    """A reader that takes the last of repeated keys (as this proxy reads the client's body, and as
+    JavaScript, Python and Go read JSON) reads the attempt's model, whatever the client repeated."""
+    out = sent(raw)
+    assert json.loads(out)["model"] == "m-up"
+    assert {k: v for k, v in json.loads(out).items() if k != "model"} == {
+        k: v for k, v in json.loads(raw).items() if k != "model"
+    }
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "p/m", "x": "\\ud800"}',  # a lone surrogate: the standard parser's reading
+        b'\xef\xbb\xbf{"model": "p/m", "x": 1}',  # a byte order mark, which orjson refuses
+    ],
+)
+def test_bodies_only_the_standard_parser_reads_are_encoded_again(raw: bytes) -> None:
+    out = sent(raw)
+    assert out.startswith(b'{"model": "m-up", ')
+    assert json.loads(out) == {"model": "m-up", "x": json.loads(raw.decode("utf-8-sig"))["x"]}
+
+
+def test_a_lone_surrogate_goes_on_escaped_as_it_came() -> None:
+    out = sent(b'{"model": "p/m", "x": "\\ud800"}')
+    assert b"\\ud800" in out
+    assert json.loads(out)["x"] == "\ud800"
+
+
+def test_an_integer_past_64_bits_is_never_rounded() -> None:
+    """orjson reads it as a float: no path may send that reading on."""
+    for raw in (
+        b'{"model": "p/m", "seed": 123456789012345678901234567890}',
+        b'{"seed": 123456789012345678901234567890, "model": "p/m", "s": 1, "model": "p/m", "t": 2}',
+    ):
+        assert json.loads(sent(raw))["seed"] == 123456789012345678901234567890
+
+
+def test_each_attempt_gets_its_own_model_from_the_same_body() -> None:
+    raw = b'{"model": "combo", "messages": []}'
+    document, exact = parse(raw)
+    body = RequestBody(raw, document, exact=exact)
+    assert json.loads(body.for_model("a")) == {"messages": [], "model": "a"}
+    assert json.loads(body.for_model('b"\u00e9')) == {"messages": [], "model": 'b"\u00e9'}
+    assert json.loads(body.for_model("a")) == {"messages": [], "model": "a"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"a": 1}', True),
+        (b'"\\ud800"', True),  # legal JSON that orjson refuses
+        (b"\xef\xbb\xbf{}", True),  # as the standard parser has always read it
+        (b"{", False),
+        (b"NaN", False),
+        (b"", False),
+        (b"\xff", False),
+    ],
+)
+def test_is_json_reads_as_the_standard_parser_does(raw: bytes, expected: bool) -> None:
+    assert is_json(raw) is expected
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["model", "a", "m"]) | st.text(), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(
+    members=st.lists(
+        st.tuples(st.sampled_from(["a", "messages", "model", "x"]) | st.text(), json_values), max_size=5
+    ),
+    model=st.text(min_size=1),
+    position=st.integers(0, 5),
+    indent=st.sampled_from([None, 0, 2]),
+    ascii_only=st.booleans(),
+)
+def test_any_body_reads_as_the_clients_with_the_attempts_model(
+    members: list[tuple[str, object]], model: str, position: int, indent: int | None, ascii_only: bool
+) -> None:
+    members.insert(min(position, len(members)), ("model", model))
+    text = ", ".join(
+        f"{json.dumps(k, ensure_ascii=ascii_only)}: {json.dumps(v, indent=indent, ensure_ascii=ascii_only)}"
+        for k, v in members
+    )
+    raw = ("{" + text + "}").encode("utf-8", "surrogatepass")
+    try:
+        document, exact = parse(raw)
+    except ValueError:
+        return  # a lone surrogate written raw is not UTF-8: the proxy answers 400
+    if not isinstance(document.get("model"), str):
+        return  # the last `model` the client repeated is not a name: the proxy answers 400
+    out = RequestBody(raw, document, exact=exact).for_model("up/m")
+    expected = {k: v for k, v in json.loads(raw).items() if k != "model"}
+    assert json.loads(out) == {**expected, "model": "up/m"}
