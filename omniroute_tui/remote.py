@@ -12,8 +12,8 @@ the row before it came would show the old row, and nothing would say to look aga
 events pass at once, in order.
 
 `Remote` keeps the mirror up to date: it reads the stream, reconnects with backoff (0.5 s doubling
-to 10 s) and resumes with `Last-Event-ID`, and asks for the request counters once a second (the
-stream carries states, not counters). `RemoteOperator` and `RemoteSettings` are the console's
+to 10 s) and resumes with `Last-Event-ID`, and asks for the request counters and the 1- and
+5-minute statistics once a second (the stream carries states and records, not counters). `RemoteOperator` and `RemoteSettings` are the console's
 writes over the management API.
 """
 
@@ -38,6 +38,7 @@ from proxy.readmodel import (
     LockoutView,
     RequestView,
     StatsReport,
+    StatsView,
     Traffic,
     TransitionView,
     breaker_view,
@@ -45,7 +46,9 @@ from proxy.readmodel import (
     event_view,
     lockout_table_view,
     lockout_view,
+    request_view,
     reset_timeout_ms,
+    stats_report,
 )
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.sse import SSEParser
@@ -77,6 +80,10 @@ HELD_LAYERS = frozenset({"breaker", "connection", "lockout", "settings"})
 SETTINGS_PATHS = {"resilience": "/api/resilience", "settings": "/api/settings"}
 STREAM = "/api/stream"
 HEALTH = "/api/monitoring/health"
+STATS = "/api/stats"
+STATS_WINDOWS = ("1m", "5m")
+"""The windows the console shows (Overview's tiles, the Breakers and Connections columns)."""
+FINAL_STATES = frozenset({"done", "failed", "client_gone"})
 
 
 def wall_ms() -> float:
@@ -106,6 +113,15 @@ class Mirror:
         self._traffic = Traffic(0, 0, 0, 0)
         self._per_second: dict[int, int] = {}
         self._counted: int | None = None
+        # The request records: the alive ones by id, the finished ones in the order they ended.
+        self._recording = False
+        self._request_history = 0
+        self._requests_version = 0
+        self._alive: dict[str, RequestView] = {}
+        self._finished: deque[RequestView] = deque()
+        self._finished_ids: set[str] = set()
+        self._finished_total = 0
+        self._stats: dict[str, StatsReport] = {}
 
     # -- applying the stream ---------------------------------------------------------------------
 
@@ -122,6 +138,8 @@ class Mirror:
             self._state(data)
         elif kind == "settings":
             self._settings_documents(data)
+        elif kind == "request":
+            self._request(request_view(data))
         else:
             return
         self._changes += 1
@@ -147,6 +165,15 @@ class Mirror:
         for row in data.get("lockouts", []):
             view = lockout_view(row, now)
             self._lockouts[(view.provider, view.connection_id, view.model)] = view
+        requests = data.get("requests")
+        self._recording = isinstance(requests, Mapping)
+        if isinstance(requests, Mapping):
+            self._request_history = _count(requests.get("history"))
+            self._alive = {}
+            for row in requests.get("recent", []):
+                self._request(request_view(row))
+            for row in requests.get("alive", []):
+                self._request(request_view(row))
         self.ready = True
         # What it missed while away: the events it has not told yet, then the rows as they are.
         told = self._events[-1].seq if self._events else 0
@@ -194,6 +221,24 @@ class Mirror:
     def _tell(self, event: Event) -> None:
         for listener in tuple(self._listeners):
             listener(event)
+
+    def _request(self, view: RequestView) -> None:
+        self._requests_version += 1
+        if view.state not in FINAL_STATES:
+            self._alive[view.id] = view
+            return
+        self._alive.pop(view.id, None)
+        if view.id in self._finished_ids:  # a snapshot after a reconnect says it again
+            return
+        finished = self._finished
+        if len(finished) >= max(1, self._request_history):
+            self._finished_ids.discard(finished.popleft().id)
+        finished.append(view)
+        self._finished_ids.add(view.id)
+        self._finished_total += 1
+
+    def stats_polled(self, report: StatsReport) -> None:
+        self._stats[report.window] = report
 
     def _settings_documents(self, data: Mapping[str, Any]) -> None:
         for group in ("resilience", "settings"):
@@ -333,34 +378,43 @@ class Mirror:
     def settings_document(self, group: str) -> dict[str, Any]:
         return self._settings[group]
 
-    # -- the traffic: not carried by the stream yet, so an attached console shows none of it ------
+    # -- the traffic -----------------------------------------------------------------------------
 
     @property
     def recording(self) -> bool:
-        return False
+        return self._recording
 
     @property
     def requests_version(self) -> int:
-        return 0
+        return self._requests_version
 
     @property
     def request_history(self) -> int:
-        return 0
+        return self._request_history
 
     def alive_requests(self) -> list[RequestView]:
-        return []
+        return list(self._alive.values())
 
     def alive_count(self) -> int:
-        return 0
+        return len(self._alive)
 
     def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
-        return [], 0
+        finished, total = self._finished, self._finished_total
+        count = min(total - mark, len(finished))
+        if count <= 0:
+            return [], total
+        return list(finished)[len(finished) - count :], total
 
     def stats(self, window: str, now: float) -> StatsReport:
-        return StatsReport(window, {}, {})
+        found = self._stats.get(window)
+        if found is not None:
+            return found
+        empty = StatsView(0, 0, None, None, None, None, None)
+        return StatsReport(window, {p: empty for p in self._breakers}, {c: empty for c in self._connections})
 
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
-        return []
+        """Not sent to an attached console: its tiles show no sparkline."""
+        return [None] * buckets
 
 
 class RemoteError(Exception):
@@ -556,7 +610,16 @@ class Remote:
                     response = await client.get(HEALTH)
                     if response.status_code == 200:
                         self.mirror.health(response.json())
+                        if self.mirror.recording:
+                            for window in STATS_WINDOWS:
+                                answer = await client.get(STATS, params={"window": window})
+                                if answer.status_code == 200:
+                                    self.mirror.stats_polled(stats_report(answer.json()))
                         self.on_change("health")
                 except (httpx.HTTPError, ValueError):
                     pass  # the stream says when the instance is away
                 await asyncio.sleep(POLL_S)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

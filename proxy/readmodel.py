@@ -52,7 +52,9 @@ __all__ = [
     "event_view",
     "lockout_table_view",
     "lockout_view",
+    "request_view",
     "reset_timeout_ms",
+    "stats_report",
 ]
 
 ALIVE_STATES = ("queued", "waiting", "slot", "upstream", "streaming")
@@ -679,4 +681,106 @@ def event_view(data: Mapping[str, Any]) -> Event | None:
         to=str(data.get("to", "")),
         reason=str(data.get("reason", "")),
         seq=_int(data.get("seq")),
+    )
+
+
+def _ms(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def request_view(data: Mapping[str, Any]) -> RequestView:
+    """A RequestView from its `to_api()` form (an attached console's stream)."""
+    usage = data.get("usage")
+    started = epoch_ms(data.get("startedAt"))
+    status = data.get("status")
+    return RequestView(
+        id=str(data.get("id", "")),
+        seq=_int(data.get("seq")),
+        started_at=started if started is not None else 0.0,
+        ended_at=epoch_ms(data.get("endedAt")),
+        state=str(data.get("state", "")),
+        client=str(data.get("client", "")),
+        endpoint=str(data.get("endpoint", "")),
+        model_asked=_text(data.get("modelAsked")),
+        route=str(data.get("route", "")),
+        stream=data.get("stream") is True,
+        status=status if isinstance(status, int) else None,
+        code=_text(data.get("code")),
+        message=_text(data.get("message")),
+        duration_ms=_ms(data.get("durationMs")),
+        ttft_ms=_ms(data.get("ttftMs")),
+        usage=UsageView(
+            _count_of(usage.get("promptTokens")),
+            _count_of(usage.get("completionTokens")),
+            _count_of(usage.get("totalTokens")),
+        )
+        if isinstance(usage, Mapping)
+        else None,
+        bytes_in=_int(data.get("bytesIn")),
+        bytes_out=_int(data.get("bytesOut")),
+        attempts=tuple(
+            AttemptView(
+                target=str(a.get("target", "")),
+                provider=str(a.get("provider", "")),
+                connection_id=str(a.get("connectionId", "")),
+                started_at=epoch_ms(a.get("startedAt")) or 0.0,
+                duration_ms=_ms(a.get("durationMs")) or 0.0,
+                status=a.get("status") if isinstance(a.get("status"), int) else None,
+                outcome=_outcome(a.get("outcome")),
+                reason=str(a.get("reason", "")),
+            )
+            for a in data.get("attempts", [])
+            if isinstance(a, Mapping)
+        ),
+        skipped=tuple(
+            SkipView(
+                target=str(k.get("target", "")),
+                connection_id=_text(k.get("connectionId")),
+                reason=str(k.get("reason", "")),
+                retry_after_ms=k.get("retryAfterMs") if isinstance(k.get("retryAfterMs"), int) else None,
+            )
+            for k in data.get("skipped", [])
+            if isinstance(k, Mapping)
+        ),
+        waits=tuple(
+            WaitView(_ms(w.get("ms")) or 0.0, str(w.get("reason", "")))
+            for w in data.get("waits", [])
+            if isinstance(w, Mapping)
+        ),
+    )
+
+
+_OUTCOMES: dict[object, AttemptOutcome] = {
+    o: o for o in ("ok", "fallback", "returned", "disconnect", "local")
+}
+
+
+def _outcome(value: object) -> AttemptOutcome:
+    return _OUTCOMES.get(value, "local")
+
+
+def _count_of(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _stats_view(data: Mapping[str, Any]) -> StatsView:
+    rate = data.get("errorRate")
+    return StatsView(
+        requests=_int(data.get("requests")),
+        errors=_int(data.get("errors")),
+        error_rate=float(rate) if isinstance(rate, int | float) else None,
+        p50_ms=_ms(data.get("p50Ms")),
+        p95_ms=_ms(data.get("p95Ms")),
+        ttft_p50_ms=_ms(data.get("ttftP50Ms")),
+        tokens_per_second=_ms(data.get("tokensPerSecond")),
+    )
+
+
+def stats_report(data: Mapping[str, Any]) -> StatsReport:
+    """A StatsReport from `GET /api/stats`."""
+    providers, connections = data.get("providers", {}), data.get("connections", {})
+    return StatsReport(
+        window=str(data.get("window", "")),
+        providers={str(k): _stats_view(v) for k, v in providers.items() if isinstance(v, Mapping)},
+        connections={str(k): _stats_view(v) for k, v in connections.items() if isinstance(v, Mapping)},
     )

@@ -7,6 +7,8 @@ One `StreamHub` per runtime turns the event bus into numbered messages:
 - `event`: one resilience event, as `GET /api/events` shows it;
 - `state`: the rows the events of the last 250 ms changed (breakers, connections, lockouts);
 - `settings`: both settings documents after a change;
+- `request`: a request record that began, changed state or ended (at most one per record per
+  250 ms; read from the trail only while a client is attached);
 - `ping` every 15 s, so that a client (and any proxy between) knows the line is alive.
 
 Costs, since this runs beside the request path:
@@ -37,6 +39,7 @@ from typing import Any
 
 from proxy import untrusted
 from proxy.engine import Engine
+from proxy.readmodel import ReadModel
 from proxy.resilience.events import Event, EventBus
 from proxy.settings import Settings
 
@@ -51,6 +54,8 @@ COALESCE_S = 0.25
 PING_S = 15.0
 SNAPSHOT_EVENTS = 200
 """Recent events in a snapshot."""
+SNAPSHOT_REQUESTS = 200
+"""Recent finished request records in a snapshot (the alive ones are all there)."""
 SNAPSHOT_REUSE_S = 0.5
 
 Payload = Callable[[], Any]
@@ -92,8 +97,11 @@ class _Client:
 
 
 class StreamHub:
-    def __init__(self, engine: Engine, bus: EventBus, settings: Settings, version: str) -> None:
+    def __init__(
+        self, engine: Engine, bus: EventBus, settings: Settings, version: str, read: ReadModel | None = None
+    ) -> None:
         self._engine = engine
+        self._read = read
         self._bus = bus
         self._settings = settings
         self._version = version
@@ -108,6 +116,13 @@ class StreamHub:
         self._lockouts: set[tuple[str, str, str]] = set()
         self._flush_due: asyncio.TimerHandle | None = None
         self._snapshot: tuple[Message, float] | None = None
+        # The request records, read from the trail every COALESCE_S while a client is attached.
+        self._requests_due: asyncio.TimerHandle | None = None
+        self._requests_version = read.requests_version if read is not None else 0
+        self._finished_mark = 0
+        self._alive_states: dict[str, str] = {}
+        self._requests_gap = 0
+        """Records changed while nobody listened: a client that saw no later message starts over."""
         self._unsubscribe = bus.subscribe(self._on_event)
 
     @property
@@ -203,13 +218,58 @@ class StreamHub:
         """The whole read model now, as a `snapshot` message carries it."""
         engine = self._engine
         events = self._bus.after(0)[-SNAPSHOT_EVENTS:]
-        return {
+        data: dict[str, Any] = {
             "health": engine.health_api(self._version),
             "connections": engine.connections_api(),
             "lockouts": engine.lockouts_api(),
             "settings": self._settings_documents(),
             "events": [e.to_dict() for e in events],
         }
+        read = self._read
+        if read is not None and read.recording:
+            data["requests"] = {
+                "history": read.request_history,
+                "alive": [r.to_api() for r in read.alive_requests()],
+                "recent": [r.to_api() for r in read.requests(state="done")[-SNAPSHOT_REQUESTS:]],
+            }
+        return data
+
+    # -- the request records ---------------------------------------------------------------------
+
+    def _watch_requests(self) -> None:
+        """A client attached: follow the trail from now on (nothing is read while none is)."""
+        read = self._read
+        if self._requests_due is not None or read is None or not read.recording:
+            return
+        if read.requests_version != self._requests_version:
+            # Records moved while nobody listened, and no message said so: a client that comes
+            # back from before now must start over.
+            self._requests_gap = self._seq + 1
+        self._requests_version = read.requests_version
+        _, self._finished_mark = read.finished_requests(self._finished_mark)
+        self._alive_states = {r.id: r.state for r in read.alive_requests()}
+        self._requests_due = asyncio.get_running_loop().call_later(COALESCE_S, self._poll_requests)
+
+    def _poll_requests(self) -> None:
+        self._requests_due = None
+        read = self._read
+        if read is None or self._closed:
+            return
+        if not self._clients:  # the next client to come compares the version it stopped at
+            return
+        version = read.requests_version
+        if version != self._requests_version:
+            self._requests_version = version
+            finished, self._finished_mark = read.finished_requests(self._finished_mark)
+            states: dict[str, str] = {}
+            for view in read.alive_requests():
+                states[view.id] = view.state
+                if self._alive_states.get(view.id) != view.state:
+                    self._publish("request", view.to_api)
+            for view in finished:
+                self._publish("request", view.to_api)
+            self._alive_states = states
+        self._requests_due = asyncio.get_running_loop().call_later(COALESCE_S, self._poll_requests)
 
     def snapshot(self) -> Message:
         """A `snapshot` message, numbered with the last message it already accounts for.
@@ -240,7 +300,7 @@ class StreamHub:
         ):
             return None
         seq = int(seq_text)
-        if seq > self._seq:
+        if seq > self._seq or seq < self._requests_gap:
             return None
         oldest = self._buffer[0].seq if self._buffer else self._seq + 1
         if seq + 1 < oldest:  # some of what it missed has left the buffer
@@ -254,6 +314,7 @@ class StreamHub:
         Ends when the hub closes (the server is stopping); the caller cancels it when the client
         goes. Registration and the catch-up are computed in one step, so no message falls between."""
         client = _Client()
+        self._watch_requests()  # first: it may find that records moved while nobody listened
         missed = self._missed(last_event_id)
         if missed is None:
             client.stale = True
@@ -283,9 +344,10 @@ class StreamHub:
     def close(self) -> None:
         """End every client's stream (the server is stopping: open streams must not hold it up)."""
         self._closed = True
-        if self._flush_due is not None:
-            self._flush_due.cancel()
-            self._flush_due = None
+        for due in (self._flush_due, self._requests_due):
+            if due is not None:
+                due.cancel()
+        self._flush_due = self._requests_due = None
         self._unsubscribe()
         for client in self._clients:
             client.wake.set()

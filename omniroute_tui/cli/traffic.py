@@ -2,13 +2,17 @@
 
 `requests` reads `GET /api/requests` page by page (by `seq`, 1,000 at a time) and keeps the
 newest `--limit`; `--json` prints those records as the API gives them (a list, oldest first).
+`requests --follow` prints each request as it ends, from the live stream (`/api/stream`).
 `stats` GETs `/api/stats?window=`; `--json` prints that document unchanged. The API checks the
 window, so a bad one is its 400 (exit 2) with the names it takes.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
@@ -16,7 +20,7 @@ import typer
 
 from omniroute_tui import format as fmt
 from omniroute_tui.cli.options import ConfigOpt, JsonOpt, OutputOpt, TokenOpt, UrlOpt, as_json, connect
-from omniroute_tui.cli.output import cell, emit, epoch_ms, note, table
+from omniroute_tui.cli.output import cell, console, emit, epoch_ms, note, table
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -26,6 +30,8 @@ app = typer.Typer()
 PANEL = "Traffic"
 REQUESTS = "/api/requests"
 STATS = "/api/stats"
+STREAM = "/api/stream"
+ENDED_STATES = frozenset({"done", "failed", "client_gone"})
 PAGE = 1000
 """The most records one `GET /api/requests` answers (its `limit` ceiling)."""
 FAILED_STATES = frozenset({"failed", "client_gone"})
@@ -39,6 +45,14 @@ def requests(
     limit: Annotated[
         int, typer.Option("--limit", "-n", min=1, max=100_000, help="Show the newest N (default 50).")
     ] = 50,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Then print each request as it ends (from the live stream), until Ctrl+C or the instance stops.",
+        ),
+    ] = False,
     json_: JsonOpt = False,
     output: OutputOpt = None,
     url: UrlOpt = None,
@@ -46,10 +60,18 @@ def requests(
     config: ConfigOpt = None,
 ) -> None:
     """The newest requests through the proxy, oldest first: where each went, status, timings, tokens.
+    With --follow, one line per request as it ends (with --json, one Request object per line).
 
     Example: [bold]omniroute requests --failed --json | jq -r '.[] | "\\(.id) \\(.code)"'[/bold]
     """
     json_ = as_json(json_, output)
+    if follow:
+        with connect(url, token, config) as api:
+            try:
+                _follow(api.stream(STREAM), failed=failed, json_=json_)
+            except KeyboardInterrupt:
+                return
+        return
     kept: deque[dict[str, Any]] = deque(maxlen=limit)
     with connect(url, token, config) as api:
         after = 0
@@ -93,6 +115,48 @@ def where(r: dict[str, Any]) -> str | None:
         return None
     last = attempts[-1]
     return f"{last['provider']}/{last['connectionId']}"
+
+
+def _follow(messages: Iterator[tuple[str, dict[str, Any]]], *, failed: bool, json_: bool) -> None:
+    """Each record once, as it ends: the stream says a record again in a snapshot after a
+    reconnect, and while it is alive."""
+    printed: deque[str] = deque(maxlen=10_000)
+    seen: set[str] = set()
+    for kind, data in messages:
+        if kind == "snapshot":
+            continue  # what ended before following began is `omniroute requests`' to show
+        if kind != "request" or data.get("state") not in ENDED_STATES or data.get("id") in seen:
+            continue
+        if failed and data.get("state") not in FAILED_STATES:
+            continue
+        if len(printed) == printed.maxlen:
+            seen.discard(printed[0])
+        printed.append(data["id"])
+        seen.add(data["id"])
+        if json_:
+            sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        else:
+            _line(data)
+
+
+def _line(r: dict[str, Any]) -> None:
+    from rich.text import Text
+
+    usage = r.get("usage") or {}
+    state = r["state"]
+    style = {"failed": "red", "client_gone": "dim"}.get(state, "")
+    spans = [
+        cell(fmt.clock_time(epoch_ms(r.get("startedAt")))),
+        cell(r["id"][:8]),
+        cell(r.get("modelAsked")),
+        cell(where(r)),
+        cell(_status(r), style),
+        cell(fmt.latency(r.get("durationMs")) if r.get("durationMs") is not None else None),
+        cell(f"{usage['totalTokens']} tok" if usage.get("totalTokens") is not None else None),
+    ]
+    console().print(Text("  ").join(spans))
+    sys.stdout.flush()
 
 
 def _status(r: dict[str, Any]) -> str:

@@ -36,11 +36,11 @@ def test_events_json_is_the_api_list_and_the_table_says_each_change(proxy: Insta
 
 
 class Follower:
-    """`omniroute events --follow` as a real process; its stdout lines arrive on a queue."""
+    """`omniroute ARGS` (a --follow command) as a real process; its stdout lines arrive on a queue."""
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", OMNIROUTE, "events", "--follow", *args],
+            [sys.executable, "-c", OMNIROUTE, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -79,7 +79,7 @@ def following(proxy: Instance, *args: str) -> Iterator[Follower]:
 
 def test_follow_prints_what_happened_then_each_change_as_a_json_line(proxy: Instance) -> None:
     act(proxy)
-    with following(proxy, "--json") as follower:
+    with following(proxy, "events", "--follow", "--json") as follower:
         first = json.loads(follower.line())
         assert (first["layer"], first["key"]) == ("operator", "reset breaker alpha")
         act(proxy, "beta")
@@ -100,7 +100,7 @@ def test_follow_writes_untrusted_text_as_plain_text(proxy: Instance) -> None:
     bus = proxy.runtime.bus
     from proxy.resilience.events import Event
 
-    with following(proxy) as follower:
+    with following(proxy, "events", "--follow") as follower:
         wait_until(lambda: proxy.runtime.stream.clients == 1, what="the follower to attach")
         loop = proxy.server._loop
         assert loop is not None
@@ -112,3 +112,19 @@ def test_follow_writes_untrusted_text_as_plain_text(proxy: Instance) -> None:
         assert "\x1b[2J" not in line
         assert "[red]boom[/red]" in line  # shown as written, never read as markup
         assert "cooling" in line
+
+
+def test_requests_follow_prints_each_request_once_as_it_ends(proxy: Instance) -> None:
+    with following(proxy, "requests", "--follow", "--json") as follower:
+        wait_until(lambda: proxy.runtime.stream.clients == 1, what="the follower to attach")
+        for _ in range(2):
+            answer = httpx.post(
+                proxy.url + "/v1/chat/completions",
+                json={"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]},
+                timeout=10,
+            )
+            assert answer.status_code == 200
+        lines = [json.loads(follower.line()) for _ in range(2)]
+        records = proxy.api("/api/requests")["requests"]
+        assert lines == records  # each as the API shows it, in the order they ended
+        assert follower.lines.empty()

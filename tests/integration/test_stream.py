@@ -396,3 +396,40 @@ def test_clients_that_come_together_share_one_snapshot(
     assert proxy.http.post("/api/resilience/reset", json={}).status_code == 200
     later = hub.snapshot()
     assert later is not first and later.seq > first.seq and len(built) == 2
+
+
+def test_request_records_stream_as_they_change(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], listen: Callable[..., Listener]
+) -> None:
+    up = upstreams()
+    proxy = one_provider(launch, up)
+    listener = listen(proxy.url)
+    assert listener.next("snapshot").data["requests"] == {
+        "history": proxy.rt.read.request_history,
+        "alive": [],
+        "recent": [],
+    }
+    assert proxy.chat("loc/m1").status_code == 200
+    ended = listener.until("request", lambda r: r["state"] == "done")
+    [record] = proxy.http.get("/api/requests").json()["requests"]
+    assert ended.data == record  # the API's own shape
+    assert ended.data["status"] == 200 and ended.data["modelAsked"] == "loc/m1"
+
+    # A client connecting later finds it among the recent records of its snapshot.
+    assert listen(proxy.url).next("snapshot").data["requests"]["recent"] == [record]
+
+
+def test_records_that_moved_while_nobody_listened_start_a_returning_client_over(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], listen: Callable[..., Listener]
+) -> None:
+    """Records are read from the trail only while a client is attached: one that comes back after
+    a request nobody streamed cannot be given what it missed, so it is given a snapshot."""
+    up = upstreams()
+    proxy = one_provider(launch, up)
+    first = listen(proxy.url)
+    seen = first.next("snapshot").id
+    first.close()
+    hub = proxy.rt.stream
+    wait_until(lambda: hub.clients == 0 and hub._requests_due is None, what="the trail to be let go")
+    assert proxy.chat("loc/m1").status_code == 200
+    assert listen(proxy.url, last_event_id=seen).next().kind == "snapshot"

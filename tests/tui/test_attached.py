@@ -289,3 +289,37 @@ async def test_read_only_attached_changes_nothing(tmp_path: Path) -> None:
             if c["id"] == "alpha-1"
         ]
         assert row["enabled"] is True
+
+
+def test_the_mirror_draws_the_request_rows_the_trail_draws() -> None:
+    from omniroute_tui.snapshot import request_detail, request_row
+
+    runtime = build_runtime()
+    hosted, attached = runtime.read, mirrored(runtime)
+    now = hosted.now()
+    assert attached.recording and attached.request_history == hosted.request_history
+    assert [request_row(r, now) for r in attached.alive_requests()] == [
+        request_row(r, now) for r in hosted.alive_requests()
+    ]
+    finished, mark = attached.finished_requests(0)
+    expected, _ = hosted.finished_requests(0)
+    assert [request_row(r, now) for r in finished] == [request_row(r, now) for r in expected]
+    assert [request_detail(r) for r in finished] == [request_detail(r) for r in expected]
+    assert attached.finished_requests(mark) == ([], mark)
+
+
+def test_the_mirror_follows_a_record_to_its_end_and_keeps_it_once() -> None:
+    runtime = build_runtime()
+    attached = mirrored(runtime)
+    [alive, *_] = runtime.read.alive_requests()
+    _, mark = attached.finished_requests(0)
+    data = alive.to_api()
+    ended = {**data, "state": "done", "status": 200, "endedAt": data["startedAt"], "durationMs": 1200}
+    version = attached.requests_version
+    attached.apply("request", ended)
+    assert attached.requests_version > version
+    assert alive.id not in {r.id for r in attached.alive_requests()}
+    new, mark = attached.finished_requests(mark)
+    assert [(r.id, r.state, r.status) for r in new] == [(alive.id, "done", 200)]
+    attached.apply("request", ended)  # said again (a snapshot after a reconnect): kept once
+    assert attached.finished_requests(mark) == ([], mark)
