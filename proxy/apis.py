@@ -268,30 +268,6 @@ def _unfinished(data: bytes) -> bytes:
     return rest[-MAX_PENDING_BYTES:] if len(rest) > MAX_PENDING_BYTES else rest
 
 
-def usage_of(api: str, data: Mapping[str, Any] | None) -> tuple[int, int] | None:
-    """(prompt, completion) tokens an event reports, for the request trail; None when it reports none.
-
-    Messages: `message_start.message.usage.input_tokens` and `message_delta.usage.output_tokens`
-    (the latter is the running total, so the last one wins). Responses: `response.completed`'s
-    `response.usage` `input_tokens`/`output_tokens`. A non-streamed answer's body works too.
-    """
-    if data is None:
-        return None
-    usage: object = data.get("usage")
-    kind = data.get("type")
-    if kind == "message_start":
-        message = data.get("message")
-        usage = message.get("usage") if isinstance(message, Mapping) else None
-    elif isinstance(kind, str) and kind.startswith("response.") and isinstance(data.get("response"), Mapping):
-        usage = data["response"].get("usage")
-    if not isinstance(usage, Mapping):
-        return None
-    prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-    if not isinstance(prompt, int) and not isinstance(completion, int):
-        return None
-    return (prompt if isinstance(prompt, int) else 0, completion if isinstance(completion, int) else 0)
-
-
 def response_id(data: Mapping[str, Any] | None) -> str | None:
     """The id of a Responses object: a non-streamed answer's `id`, or a `response.created` event's."""
     if data is None:

@@ -51,7 +51,7 @@ from proxy.responses import ErrorResponse, error_response, sse_error
 from proxy.router import Router
 from proxy.scrub import Scrubber, StreamScrubber
 from proxy.sse import SSEParser
-from proxy.trail import RequestRecord, Trail, error_of, stream_usage, usage_of
+from proxy.trail import RequestRecord, Trail, error_of, messages_stream_usage, stream_usage, usage_of
 from proxy.upstream import MAX_ERROR_BODY, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -771,7 +771,11 @@ class Pipeline:
                 scope.finish(outcome or Outcome.disconnect())
                 if record is not None:
                     record.bytes_out = sent
-                    record.usage = stream_usage(previous + last)
+                    record.usage = (
+                        messages_stream_usage(first, previous + last)
+                        if wire.api == "messages"
+                        else stream_usage(previous + last)
+                    )
 
         return _RelayResponse(
             _scrubbed(relay(), engine.scrubber),

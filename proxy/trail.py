@@ -487,6 +487,29 @@ def stream_usage(tail: bytes) -> Usage | None:
     return None
 
 
+def messages_stream_usage(head: bytes, tail: bytes) -> Usage | None:
+    """A Messages stream's usage: its prompt's tokens are said once, in `message_start` (the
+    first event), its output's at the end (`message_delta`, a running total)."""
+    end = stream_usage(tail)
+    if end is not None and end[0] is not None:
+        return end
+    start: Usage | None = None
+    at = head.find(b'"message_start"')
+    begin = head.rfind(b"data:", 0, at) if at >= 0 else -1
+    if begin >= 0:
+        stop = head.find(b"\n", at)
+        try:
+            event = json.loads(head[begin + 5 : stop if stop >= 0 else len(head)])
+        except (ValueError, RecursionError):
+            event = None
+        start = usage_of(event.get("message")) if type(event) is dict else None
+    if start is None or end is None:
+        return end or start
+    prompt, completion = start[0], end[1] if end[1] is not None else start[1]
+    total = prompt + completion if prompt is not None and completion is not None else None
+    return (prompt, completion, total)
+
+
 # -- statistics ---------------------------------------------------------------------------------------
 
 BUCKET_MS = 5000
@@ -725,6 +748,7 @@ __all__ = [
     "Trail",
     "error_of",
     "histogram",
+    "messages_stream_usage",
     "span",
     "stream_usage",
     "usage_of",

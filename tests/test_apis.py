@@ -19,7 +19,6 @@ from proxy.apis import (
     response_id,
     responses_sse_error,
     stream_error,
-    usage_of,
 )
 from proxy.sse import SSEParser
 
@@ -125,25 +124,6 @@ def test_an_error_event_stands_for_a_status(api: str, data: dict[str, object] | 
 def test_a_messages_error_event_becomes_the_error_body_as_it_came() -> None:
     data = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     assert json.loads(stream_error("messages", data).body) == data
-
-
-@pytest.mark.parametrize(
-    ("data", "usage"),
-    [
-        ({"type": "message_start", "message": {"usage": {"input_tokens": 12, "output_tokens": 1}}}, (12, 1)),
-        ({"type": "message_delta", "usage": {"output_tokens": 40}}, (0, 40)),
-        (
-            {"type": "response.completed", "response": {"usage": {"input_tokens": 5, "output_tokens": 9}}},
-            (5, 9),
-        ),
-        ({"id": "msg_1", "type": "message", "usage": {"input_tokens": 3, "output_tokens": 4}}, (3, 4)),
-        ({"type": "content_block_delta", "delta": {}}, None),
-        ({"type": "message_delta", "usage": {"output_tokens": "many"}}, None),
-        (None, None),
-    ],
-)
-def test_usage_for_the_request_trail(data: dict[str, object] | None, usage: tuple[int, int] | None) -> None:
-    assert usage_of("messages", data) == usage
 
 
 def test_response_ids_of_answers_and_created_events() -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.trail import BUCKET_MS, TrafficStats, error_of, span, stream_usage, usage_of
+from proxy.trail import BUCKET_MS, TrafficStats, error_of, messages_stream_usage, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
 
@@ -130,3 +130,31 @@ def test_the_running_windows_match_a_recount_of_every_request() -> None:
                 inside = [e for b, e in ended if bucket - span < b <= bucket]
                 view = s.report(name, now).providers["p"]
                 assert (view.requests, view.errors) == (len(inside), sum(inside)), (name, now)
+
+
+def _sse(event: str, data: dict[str, object]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.mark.parametrize(
+    ("head_usage", "tail_usage", "expected"),
+    [
+        ({"input_tokens": 12, "output_tokens": 1}, {"output_tokens": 40}, (12, 40, 52)),
+        ({"input_tokens": 12, "output_tokens": 1}, {"input_tokens": 12, "output_tokens": 40}, (12, 40, 52)),
+        ({"input_tokens": 12, "output_tokens": 1}, None, (12, 1, 13)),
+        (None, {"output_tokens": 40}, (None, 40, None)),
+        (None, None, None),
+    ],
+)
+def test_a_messages_stream_takes_the_prompt_from_its_start_and_the_output_from_its_end(
+    head_usage: dict[str, int] | None, tail_usage: dict[str, int] | None, expected: object
+) -> None:
+    message: dict[str, object] = {"id": "msg_1", "type": "message"}
+    if head_usage is not None:
+        message["usage"] = head_usage
+    head = _sse("message_start", {"type": "message_start", "message": message})
+    delta: dict[str, object] = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}
+    if tail_usage is not None:
+        delta["usage"] = tail_usage
+    tail = _sse("message_delta", delta) + _sse("message_stop", {"type": "message_stop"})
+    assert messages_stream_usage(head, tail) == expected

@@ -419,4 +419,7 @@ def test_messages_requests_leave_records_too(
     assert (streamed["stream"], streamed["state"]) == (True, "done")
     assert streamed["ttftMs"] is not None and streamed["bytesOut"] > 0
     assert streamed["usage"] is not None and streamed["usage"]["completionTokens"] is not None
+    # A Messages stream says its prompt's tokens once, at its start (message_start), and only the
+    # output's at its end (message_delta): the record has both.
+    assert streamed["usage"] == {"promptTokens": 5, "completionTokens": 4, "totalTokens": 9}
     assert PRIVATE not in json.dumps([plain, streamed])
