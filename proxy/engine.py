@@ -35,7 +35,6 @@ from proxy.resilience.lockout import (
 from proxy.resilience.outcome import Outcome, OutcomeKind, ProviderClass
 from proxy.resilience.restate import RestatementRule, restate, rules_for
 from proxy.resilience.semaphore import ConnectionSemaphore
-from proxy.resilience.timefmt import iso
 from proxy.scrub import Scrubber
 from proxy.settings import Settings
 from proxy.store import BadRecord, MemoryStore, StateStore, StoredState
@@ -766,48 +765,6 @@ class Engine:
         self._operator("reenable --all", source)
         return removed
 
-    # ------------------------------------------------------------------ read models (management API shapes)
-
-    def breakers_api(self) -> list[dict[str, object]]:
-        now = self.clock.now()
-        return [p.breaker.to_api(now) for p in self.providers.values()]
-
-    def connection_api(self, conn: ConnectionRuntime, now: float) -> dict[str, object]:
-        h = conn.health
-        spec = conn.spec
-        provider = self.providers[spec.provider]
-        return {
-            "id": spec.id,
-            "provider": spec.provider,
-            "name": spec.name or spec.id,
-            "class": provider.spec.provider_class,
-            "priority": spec.priority,
-            "enabled": h.enabled,
-            "status": h.status(now),
-            "rateLimitedUntil": iso(h.rate_limited_until) if h.remaining_ms(now) > 0 else None,
-            "cooldownRemainingMs": int(h.remaining_ms(now)),
-            "backoffLevel": h.backoff_level,
-            "lastError": h.last_error,
-            "lastErrorType": h.last_error_type,
-            "errorCode": h.error_code,
-            "lastErrorAt": iso(h.last_error_at),
-            "maxConcurrent": spec.max_concurrent,
-            "inFlight": conn.in_flight,
-            "apiKey": spec.masked_key,
-            "lockouts": [
-                {"model": e.model, "reason": e.reason, "remainingMs": int(e.remaining_ms(now))}
-                for e in self.lockouts.for_connection(spec.provider, spec.id, now)
-            ],
-        }
-
-    def connections_api(self) -> list[dict[str, object]]:
-        now = self.clock.now()
-        return [self.connection_api(c, now) for c in self.connections.values()]
-
-    def lockouts_api(self) -> list[dict[str, object]]:
-        now = self.clock.now()
-        return [e.to_api(now) for e in self.lockouts.active(now)]
-
     def lockout_table_status(self) -> LockoutTableStatus:
         """How full the lockout table is: `size` of `capacity` entries (`full` when equal), how many
         are `not_found` locks (each provider+connection keeps at most `not_found_budget`), and since
@@ -815,56 +772,6 @@ class Engine:
         because the table was full of other active locks. O(1): cheap enough for every console tick.
         `.to_api()` is the `lockoutTable` object of `GET /api/monitoring/health`."""
         return self.lockouts.status()
-
-    def health_api(self, version: str) -> dict[str, object]:
-        now = self.clock.now()
-        counts = {"open": 0, "halfOpen": 0, "degraded": 0, "closed": 0}
-        provider_health: dict[str, object] = {}
-        breakers = []
-        for p in self.providers.values():
-            b = p.breaker
-            state = b.state(now)
-            counts[_STATE_COUNT_KEY[state]] += 1
-            breakers.append(b.to_api(now))
-            provider_health[p.spec.id] = {
-                "state": state.value,
-                "failures": b.failure_count,
-                "lastFailure": iso(b.last_failure_at),
-            }
-        conn_counts = {"total": 0, "active": 0, "coolingDown": 0, "terminal": 0, "disabled": 0}
-        for c in self.connections.values():
-            status = c.health.status(now)
-            conn_counts["total"] += 1
-            if status == "active":
-                conn_counts["active"] += 1
-            elif status == "cooling":
-                conn_counts["coolingDown"] += 1
-            elif status == "disabled":
-                conn_counts["disabled"] += 1
-            else:
-                conn_counts["terminal"] += 1
-        healthy = counts["open"] == 0 and counts["halfOpen"] == 0 and counts["degraded"] == 0
-        return {
-            "status": "healthy" if healthy else "degraded",
-            "timestamp": iso(now),
-            "uptimeMs": int(now - self.started_at),
-            "version": version,
-            "circuitBreakers": {**counts, "total": len(self.providers)},
-            "providerBreakers": breakers,
-            "providerHealth": provider_health,
-            "connections": conn_counts,
-            "lockouts": [e.to_api(now) for e in self.lockouts.active(now)],
-            "lockoutTable": self.lockout_table_status().to_api(),
-            "requests": self.stats.to_api(),
-        }
-
-
-_STATE_COUNT_KEY = {
-    BreakerState.OPEN: "open",
-    BreakerState.HALF_OPEN: "halfOpen",
-    BreakerState.DEGRADED: "degraded",
-    BreakerState.CLOSED: "closed",
-}
 
 
 def _describe(outcome: Outcome, verdict: Verdict) -> str:

@@ -164,7 +164,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- health and breakers ------------------------------------------------------------------
 
     async def health(request: Request) -> Response:
-        return json_response(engine.health_api(runtime.version))
+        return json_response(runtime.read.health_api())
 
     async def reset_all_breakers(request: Request) -> Response:
         return json_response({"success": True, "resetCount": engine.reset_breakers(source=SOURCE)})
@@ -182,10 +182,10 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- connections --------------------------------------------------------------------------
 
     def connection_view(connection_id: str) -> dict[str, object]:
-        return engine.connection_api(engine.connections[connection_id], engine.clock.now())
+        return runtime.read.connection_api(connection_id)
 
     async def connections(request: Request) -> Response:
-        return json_response({"connections": engine.connections_api()})
+        return json_response({"connections": runtime.read.connections_api()})
 
     async def reset_connection(request: Request) -> Response:
         connection_id: str = request.path_params["id"]
@@ -216,7 +216,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- model lockouts -----------------------------------------------------------------------
 
     async def lockouts(request: Request) -> Response:
-        return json_response({"items": engine.lockouts_api()})
+        return json_response({"items": runtime.read.lockouts_api()})
 
     async def reenable(request: Request) -> Response:
         body = await _json_body(request)

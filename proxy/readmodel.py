@@ -12,12 +12,13 @@ console keeps its own index of them, patched from lockout events).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
-from proxy.resilience.breaker import escalated_reset_timeout_ms
+from proxy.resilience.breaker import CircuitBreaker, escalated_reset_timeout_ms
 from proxy.resilience.events import Event, EventBus
 from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus
 from proxy.resilience.timefmt import epoch_ms, iso
@@ -47,9 +48,11 @@ __all__ = [
     "TransitionView",
     "UsageView",
     "WaitView",
+    "breaker_of",
     "breaker_view",
     "connection_view",
     "event_view",
+    "lockout_of",
     "lockout_table_view",
     "lockout_view",
     "request_view",
@@ -84,6 +87,23 @@ class BreakerView:
     last_failure_at: float | None
     reset_timeout_ms: float
     """The reset timeout in force (escalated after repeated open cycles)."""
+    last_transition_at: float | None = None
+
+    def to_api(self) -> dict[str, object]:
+        """The management API's Breaker."""
+        return {
+            "provider": self.provider,
+            "class": self.provider_class,
+            "state": self.state,
+            "failureCount": self.failures,
+            "degradationThreshold": self.degradation_threshold,
+            "failureThreshold": self.failure_threshold,
+            # Rounded up: a breaker that is still OPEN never advertises 0 ms.
+            "retryAfterMs": math.ceil(self.retry_after_ms),
+            "openCycleCount": self.open_cycles,
+            "lastFailure": iso(self.last_failure_at),
+            "lastTransition": iso(self.last_transition_at),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +136,32 @@ class ConnectionView:
     max_concurrent: int | None
     queued: int = 0
     """Requests waiting in its request queue (0 when it has none)."""
+    provider_class: str = ""
+
+    def to_api(self, locks: Sequence[LockoutView], now: float) -> dict[str, object]:
+        """The management API's Connection; `locks`: its running lockouts."""
+        return {
+            "id": self.id,
+            "provider": self.provider,
+            "name": self.name or self.id,
+            "class": self.provider_class,
+            "priority": self.priority,
+            "enabled": self.enabled,
+            "status": self.status,
+            "rateLimitedUntil": iso(self.rate_limited_until) if self.remaining_ms > 0 else None,
+            "cooldownRemainingMs": int(self.remaining_ms),
+            "backoffLevel": self.backoff_level,
+            "lastError": self.last_error,
+            "lastErrorType": self.last_error_type,
+            "errorCode": self.error_code,
+            "lastErrorAt": iso(self.last_error_at),
+            "maxConcurrent": self.max_concurrent,
+            "inFlight": self.in_flight,
+            "apiKey": self.masked_key,
+            "lockouts": [
+                {"model": e.model, "reason": e.reason, "remainingMs": int(e.remaining_ms(now))} for e in locks
+            ],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +183,21 @@ class LockoutView:
 
     def remaining_ms(self, now: float) -> float:
         return max(0.0, self.expires_at - now)
+
+    def to_api(self, now: float) -> dict[str, object]:
+        """The management API's Lockout."""
+        return {
+            "provider": self.provider,
+            "connectionId": self.connection_id,
+            "model": self.model,
+            "reason": self.reason,
+            "status": self.status,
+            "failureCount": self.failure_count,
+            # Rounded up: a triple that is still locked never advertises 0 ms.
+            "remainingMs": math.ceil(self.remaining_ms(now)),
+            "lockedAt": iso(self.locked_at),
+            "expiresAt": iso(self.expires_at),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,17 +475,22 @@ class ReadModel:
 
     # -- connections -------------------------------------------------------------------------------
 
+    def _connection(self, conn: ConnectionRuntime, now: float) -> ConnectionView:
+        return _connection(conn, now, self._engine.providers[conn.spec.provider].spec.provider_class)
+
     def connections(self, now: float) -> list[ConnectionView]:
-        return [_connection(c, now) for c in self._engine.connections.values()]
+        return [self._connection(c, now) for c in self._engine.connections.values()]
 
     def connection(self, connection_id: str, now: float) -> ConnectionView | None:
         found = self._engine.connections.get(connection_id)
-        return _connection(found, now) if found is not None else None
+        return self._connection(found, now) if found is not None else None
 
     def unwell(self, now: float) -> list[ConnectionView]:
         """The connections that are not active (cooling, terminal or disabled)."""
         return [
-            _connection(c, now) for c in self._engine.connections.values() if c.health.status(now) != "active"
+            self._connection(c, now)
+            for c in self._engine.connections.values()
+            if c.health.status(now) != "active"
         ]
 
     # -- what the status line counts, without a view per row ---------------------------------------
@@ -447,19 +513,70 @@ class ReadModel:
 
     def lockouts(self, now: float) -> list[LockoutView]:
         """Every running lockout."""
-        return [_lockout(e) for e in self._engine.lockouts.active(now)]
+        return [lockout_of(e) for e in self._engine.lockouts.active(now)]
 
     def lockout(self, provider: str, connection_id: str, model: str) -> LockoutView | None:
         """One triple's entry, running or expired (None when the table holds none)."""
         entry = self._engine.lockouts.get(provider, connection_id, model)
-        return _lockout(entry) if entry is not None else None
+        return lockout_of(entry) if entry is not None else None
 
     def lockouts_of(self, provider: str, connection_id: str, now: float) -> list[LockoutView]:
         """The running lockouts of one connection."""
-        return [_lockout(e) for e in self._engine.lockouts.for_connection(provider, connection_id, now)]
+        return [lockout_of(e) for e in self._engine.lockouts.for_connection(provider, connection_id, now)]
 
     def lockout_table(self) -> LockoutTableStatus:
         return self._engine.lockout_table_status()
+
+    # -- the management API's documents, serialised from the views above ---------------------------
+
+    def breakers_api(self) -> list[dict[str, object]]:
+        now = self.now()
+        return [b.to_api() for b in self.breakers(now)]
+
+    def connection_api(self, connection_id: str) -> dict[str, object]:
+        """KeyError for an unknown connection."""
+        now = self.now()
+        view = self.connection(connection_id, now)
+        if view is None:
+            raise KeyError(connection_id)
+        return view.to_api(self.lockouts_of(view.provider, view.id, now), now)
+
+    def connections_api(self) -> list[dict[str, object]]:
+        now = self.now()
+        return [c.to_api(self.lockouts_of(c.provider, c.id, now), now) for c in self.connections(now)]
+
+    def lockouts_api(self) -> list[dict[str, object]]:
+        now = self.now()
+        return [e.to_api(now) for e in self.lockouts(now)]
+
+    def health_api(self) -> dict[str, object]:
+        """`GET /api/monitoring/health`."""
+        now = self.now()
+        breakers = self.breakers(now)
+        counts = {"open": 0, "halfOpen": 0, "degraded": 0, "closed": 0}
+        for b in breakers:
+            counts[_STATE_COUNT_KEY[b.state]] += 1
+        conn_counts = {"total": 0, "active": 0, "coolingDown": 0, "terminal": 0, "disabled": 0}
+        for c in self.connections(now):
+            conn_counts["total"] += 1
+            conn_counts[_CONNECTION_COUNT_KEY.get(c.status, "terminal")] += 1
+        healthy = counts["open"] == 0 and counts["halfOpen"] == 0 and counts["degraded"] == 0
+        return {
+            "status": "healthy" if healthy else "degraded",
+            "timestamp": iso(now),
+            "uptimeMs": int(now - self.started_at),
+            "version": self.version,
+            "circuitBreakers": {**counts, "total": len(breakers)},
+            "providerBreakers": [b.to_api() for b in breakers],
+            "providerHealth": {
+                b.provider: {"state": b.state, "failures": b.failures, "lastFailure": iso(b.last_failure_at)}
+                for b in breakers
+            },
+            "connections": conn_counts,
+            "lockouts": self.lockouts_api(),
+            "lockoutTable": self.lockout_table().to_api(),
+            "requests": self._engine.stats.to_api(),
+        }
 
     # -- the traffic -------------------------------------------------------------------------------
 
@@ -518,12 +635,20 @@ class ReadModel:
         return self._trail.stats.p50_series(provider, now, buckets)
 
 
+_STATE_COUNT_KEY = {"OPEN": "open", "HALF_OPEN": "halfOpen", "DEGRADED": "degraded", "CLOSED": "closed"}
+_CONNECTION_COUNT_KEY = {"active": "active", "cooling": "coolingDown", "disabled": "disabled"}
+
+
 def _breaker(provider: ProviderRuntime, now: float) -> BreakerView:
-    b = provider.breaker
+    return breaker_of(provider.breaker, now)
+
+
+def breaker_of(b: CircuitBreaker, now: float) -> BreakerView:
+    """A breaker's view as read at `now` (lazy recovery included)."""
     policy = b.policy
     return BreakerView(
-        provider=provider.spec.id,
-        provider_class=provider.spec.provider_class,
+        provider=b.provider,
+        provider_class=b.provider_class,
         state=b.state(now).value,
         failures=b.failure_count,
         degradation_threshold=policy.degradation_threshold,
@@ -532,10 +657,11 @@ def _breaker(provider: ProviderRuntime, now: float) -> BreakerView:
         open_cycles=b.open_cycle_count,
         last_failure_at=b.last_failure_at,
         reset_timeout_ms=b.effective_reset_timeout_ms(),
+        last_transition_at=b.last_transition_at,
     )
 
 
-def _connection(conn: ConnectionRuntime, now: float) -> ConnectionView:
+def _connection(conn: ConnectionRuntime, now: float, provider_class: str = "") -> ConnectionView:
     h = conn.health
     spec = conn.spec
     return ConnectionView(
@@ -556,10 +682,11 @@ def _connection(conn: ConnectionRuntime, now: float) -> ConnectionView:
         in_flight=conn.in_flight,
         max_concurrent=spec.max_concurrent,
         queued=conn.limiter.queued if conn.limiter is not None else 0,
+        provider_class=provider_class,
     )
 
 
-def _lockout(entry: LockoutEntry) -> LockoutView:
+def lockout_of(entry: LockoutEntry) -> LockoutView:
     return LockoutView(
         provider=entry.provider,
         connection_id=entry.connection_id,
@@ -608,6 +735,7 @@ def breaker_view(data: Mapping[str, Any], reset_timeout: float) -> BreakerView:
         open_cycles=_int(data.get("openCycleCount")),
         last_failure_at=epoch_ms(data.get("lastFailure")),
         reset_timeout_ms=reset_timeout,
+        last_transition_at=epoch_ms(data.get("lastTransition")),
     )
 
 
@@ -631,6 +759,7 @@ def connection_view(data: Mapping[str, Any]) -> ConnectionView:
         masked_key=_text(data.get("apiKey")),
         in_flight=_int(data.get("inFlight")),
         max_concurrent=limit if isinstance(limit, int) else None,
+        provider_class=str(data.get("class", "")),
     )
 
 

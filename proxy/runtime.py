@@ -121,7 +121,7 @@ class Runtime:
         self.pipeline.owners = self.owners
         self.read = ReadModel(self.engine, self.bus, self.version, self.trail)
         """What observers (the console) read: frozen views, never the engine's live objects."""
-        self.stream = StreamHub(self.engine, self.bus, self.settings, self.version, self.read)
+        self.stream = StreamHub(self.bus, self.settings, self.read)
         """`GET /api/stream`'s messages, for attached consoles and `--follow` scripts."""
         self._persist_task: asyncio.Task[None] | None = None
         self._settings_lock = asyncio.Lock()

@@ -38,7 +38,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from proxy import untrusted
-from proxy.engine import Engine
 from proxy.readmodel import ReadModel
 from proxy.resilience.events import Event, EventBus
 from proxy.settings import Settings
@@ -97,14 +96,10 @@ class _Client:
 
 
 class StreamHub:
-    def __init__(
-        self, engine: Engine, bus: EventBus, settings: Settings, version: str, read: ReadModel | None = None
-    ) -> None:
-        self._engine = engine
+    def __init__(self, bus: EventBus, settings: Settings, read: ReadModel) -> None:
         self._read = read
         self._bus = bus
         self._settings = settings
-        self._version = version
         self.instance = secrets.token_hex(4)
         self._seq = 0
         self._buffer: deque[Message] = deque(maxlen=BUFFER)
@@ -118,7 +113,7 @@ class StreamHub:
         self._snapshot: tuple[Message, float] | None = None
         # The request records, read from the trail every COALESCE_S while a client is attached.
         self._requests_due: asyncio.TimerHandle | None = None
-        self._requests_version = read.requests_version if read is not None else 0
+        self._requests_version = read.requests_version
         self._finished_mark = 0
         self._alive_states: dict[str, str] = {}
         self._requests_gap = 0
@@ -192,41 +187,38 @@ class StreamHub:
     def _state(
         self, breakers: set[str], connections: set[str], lockouts: set[tuple[str, str, str]]
     ) -> dict[str, Any]:
-        engine = self._engine
-        now = engine.clock.now()
+        read = self._read
+        now = read.now()
         upsert: list[dict[str, object]] = []
         remove: list[dict[str, str]] = []
         for provider, connection_id, model in sorted(lockouts):
-            entry = engine.lockouts.get(provider, connection_id, model)
+            entry = read.lockout(provider, connection_id, model)
             if entry is not None and entry.remaining_ms(now) > 0:
                 upsert.append(entry.to_api(now))
             else:
                 remove.append({"provider": provider, "connectionId": connection_id, "model": model})
+        rows = []
+        for connection_id in sorted(connections):
+            with contextlib.suppress(KeyError):
+                rows.append(read.connection_api(connection_id))
         return {
-            "breakers": [
-                engine.providers[p].breaker.to_api(now) for p in sorted(breakers) if p in engine.providers
-            ],
-            "connections": [
-                engine.connection_api(engine.connections[c], now)
-                for c in sorted(connections)
-                if c in engine.connections
-            ],
+            "breakers": [b.to_api() for p in sorted(breakers) if (b := read.breaker(p, now)) is not None],
+            "connections": rows,
             "lockouts": {"upsert": upsert, "remove": remove},
         }
 
     def snapshot_data(self) -> dict[str, Any]:
         """The whole read model now, as a `snapshot` message carries it."""
-        engine = self._engine
+        read = self._read
         events = self._bus.after(0)[-SNAPSHOT_EVENTS:]
         data: dict[str, Any] = {
-            "health": engine.health_api(self._version),
-            "connections": engine.connections_api(),
-            "lockouts": engine.lockouts_api(),
+            "health": read.health_api(),
+            "connections": read.connections_api(),
+            "lockouts": read.lockouts_api(),
             "settings": self._settings_documents(),
             "events": [e.to_dict() for e in events],
         }
-        read = self._read
-        if read is not None and read.recording:
+        if read.recording:
             data["requests"] = {
                 "history": read.request_history,
                 "alive": [r.to_api() for r in read.alive_requests()],
@@ -239,7 +231,7 @@ class StreamHub:
     def _watch_requests(self) -> None:
         """A client attached: follow the trail from now on (nothing is read while none is)."""
         read = self._read
-        if self._requests_due is not None or read is None or not read.recording:
+        if self._requests_due is not None or not read.recording:
             return
         if read.requests_version != self._requests_version:
             # Records moved while nobody listened, and no message said so: a client that comes
@@ -253,7 +245,7 @@ class StreamHub:
     def _poll_requests(self) -> None:
         self._requests_due = None
         read = self._read
-        if read is None or self._closed:
+        if self._closed:
             return
         if not self._clients:  # the next client to come compares the version it stopped at
             return

@@ -8,12 +8,18 @@ from pathlib import Path
 import pytest
 
 from proxy.engine import Attempt, ConnectionSpec, Engine, NoTarget, ProviderSpec, Target
+from proxy.readmodel import ReadModel
 from proxy.resilience.breaker import BreakerState
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.lockout import MAX_LOCKOUT_ENTRIES, NOT_FOUND_BUDGET, LockoutTableStatus
 from proxy.resilience.outcome import Outcome
 from proxy.settings import Settings
 from proxy.store import MemoryStore, SqliteStore, StateStore
+
+
+def api(engine: Engine) -> ReadModel:
+    """The management API's documents of `engine` (what `GET /api/...` answers)."""
+    return ReadModel(engine, engine.bus, "test")
 
 
 def make_engine(
@@ -113,7 +119,7 @@ def test_case_18_lockout_locks_one_model_and_other_models_still_serve() -> None:
     attempt = pick(engine, Target("openai", "gpt-5", "oa-1"))
     engine.record(attempt, Outcome.http(404))
     assert engine.lockouts.is_locked("openai", "oa-1", "gpt-5", clock.now())
-    assert engine.lockouts_api()[0]["remainingMs"] == 120_000
+    assert api(engine).lockouts_api()[0]["remainingMs"] == 120_000
     # The connection still serves other models, and the locked model goes to the other key.
     assert pick(engine, Target("openai", "gpt-4o", "oa-1")).connection.spec.id == "oa-1"
     assert pick(engine, Target("openai", "gpt-5")).connection.spec.id == "oa-2"
@@ -142,7 +148,7 @@ def test_case_22_reenable_one_and_all_lets_traffic_reach_the_model_again() -> No
     assert engine.reenable("openai", "a", "oa-1") == 1
     assert pick(engine, Target("openai", "a")).connection.spec.id == "oa-1"
     assert engine.reenable_all() == 3
-    assert engine.lockouts_api() == []
+    assert api(engine).lockouts_api() == []
     assert pick(engine, Target("openai", "b")).connection.spec.id == "oa-1"
 
 
@@ -280,7 +286,7 @@ def test_case_32_restart_keeps_every_layer(kind: str, tmp_path: Path) -> None:
     engine.record(pick(engine, Target("agentrouter", "x")), Outcome.http(500))  # breaker count 1
     engine.persist()
     store.flush()
-    before = (engine.breakers_api(), engine.connections_api(), engine.lockouts_api())
+    before = (api(engine).breakers_api(), api(engine).connections_api(), api(engine).lockouts_api())
     if kind == "sqlite":
         store.close()
 
@@ -289,7 +295,7 @@ def test_case_32_restart_keeps_every_layer(kind: str, tmp_path: Path) -> None:
     assert stored.settings is not None
     engine2 = make_engine(clock, reopened, settings=Settings(stored.settings, clock=clock))
     engine2.restore(stored)
-    after = (engine2.breakers_api(), engine2.connections_api(), engine2.lockouts_api())
+    after = (api(engine2).breakers_api(), api(engine2).connections_api(), api(engine2).lockouts_api())
     assert after == before
     assert engine2.settings.breaker_policy("local").reset_timeout_ms == 20_000
     assert engine2.settings.lockout().enabled is True
@@ -372,7 +378,7 @@ def test_made_up_names_keep_within_the_budget_and_evicted_rows_leave_the_store()
         evicted=10,
         refused=0,
     )
-    assert engine.health_api("test")["lockoutTable"] == {
+    assert api(engine).health_api()["lockoutTable"] == {
         "size": NOT_FOUND_BUDGET + 1,
         "capacity": MAX_LOCKOUT_ENTRIES,
         "full": False,

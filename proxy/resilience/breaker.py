@@ -22,7 +22,6 @@ from enum import Enum
 
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import PROVIDER_CLASSES, ProviderClass
-from proxy.resilience.timefmt import iso
 
 
 class BreakerState(Enum):
@@ -251,23 +250,6 @@ class CircuitBreaker:
             self.state(now)  # a shortened timeout may already have elapsed
 
     # -- views -----------------------------------------------------------------------------------
-
-    def to_api(self, now: float) -> dict[str, object]:
-        state = self.state(now)
-        retry_after = self.retry_after_ms(now)
-        return {
-            "provider": self.provider,
-            "class": self.provider_class,
-            "state": state.value,
-            "failureCount": self.failure_count,
-            "degradationThreshold": self.policy.degradation_threshold,
-            "failureThreshold": self.policy.failure_threshold,
-            # Rounded up: a breaker that is still OPEN never advertises 0 ms.
-            "retryAfterMs": math.ceil(retry_after),
-            "openCycleCount": self.open_cycle_count,
-            "lastFailure": iso(self.last_failure_at),
-            "lastTransition": iso(self.last_transition_at),
-        }
 
     def to_record(self) -> dict[str, object]:
         # The raw state, not state(now): persistence must not trigger transitions. The deadline

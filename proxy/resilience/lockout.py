@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from proxy.resilience.events import Event
-from proxy.resilience.timefmt import iso
 
 DEFAULT_LOCKOUT_ERROR_CODES: tuple[int, ...] = (403, 404, 429, 502, 503, 504)
 ESCALATION_GRACE_MS = 30 * 60 * 1000
@@ -97,20 +96,6 @@ class LockoutEntry:
 
     def remaining_ms(self, now: float) -> float:
         return max(0.0, self.expires_at - now)
-
-    def to_api(self, now: float) -> dict[str, object]:
-        return {
-            "provider": self.provider,
-            "connectionId": self.connection_id,
-            "model": self.model,
-            "reason": self.reason,
-            "status": self.status,
-            "failureCount": self.failure_count,
-            # Rounded up: a triple that is still locked never advertises 0 ms.
-            "remainingMs": math.ceil(self.remaining_ms(now)),
-            "lockedAt": iso(self.locked_at),
-            "expiresAt": iso(self.expires_at),
-        }
 
     def to_record(self) -> dict[str, object]:
         return {

@@ -62,7 +62,7 @@ def conditions(runtime: Runtime, events: list[Event], traffic: DemoTraffic) -> d
             e.layer == "connection" and e.key.startswith("ratelimited-") and e.to == "cooling" for e in events
         ),
         "models/missing-model locked": any(
-            e["provider"] == "models" and e["model"] == "missing-model" for e in engine.lockouts_api()
+            e["provider"] == "models" and e["model"] == "missing-model" for e in runtime.read.lockouts_api()
         ),
         "twokeys-dead expired": engine.connections["twokeys-dead"].health.status(now) == "expired",
         "twokeys-live served": traffic.served_by.get("twokeys", 0) > 0,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.readmodel import lockout_of
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.events import Event
 from proxy.resilience.lockout import (
@@ -718,7 +719,7 @@ def test_entry_to_api() -> None:
     assert entry is not None
     clock.advance(20_000.5)
     assert entry.remaining_ms(clock.now()) == 99_999.5
-    assert entry.to_api(clock.now()) == {
+    assert lockout_of(entry).to_api(clock.now()) == {
         "provider": "ollama",
         "connectionId": "c1",
         "model": "llama3:8b",
@@ -731,7 +732,7 @@ def test_entry_to_api() -> None:
     }
     clock.advance(200_000)
     assert entry.remaining_ms(clock.now()) == 0
-    assert entry.to_api(clock.now())["remainingMs"] == 0
+    assert lockout_of(entry).to_api(clock.now())["remainingMs"] == 0
 
 
 # -- persistence ---------------------------------------------------------------------------------

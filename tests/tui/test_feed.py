@@ -226,7 +226,7 @@ async def test_a_long_table_shows_250_rows_and_R_reaches_every_match() -> None:
         assert app.screen.question == "Re-enable 300 lockouts (every row the filter shows)?"  # type: ignore[attr-defined]
         await pilot.press("y")
         await settle(pilot)
-        assert sorted(str(item["model"]) for item in engine.lockouts_api()) == [
+        assert sorted(str(item["model"]) for item in app.runtime.read.lockouts_api()) == [
             "claude-3-opus",
             "gpt-4o",
             "gpt-4o-mini",
