@@ -12,8 +12,8 @@ the row before it came would show the old row, and nothing would say to look aga
 events pass at once, in order.
 
 `Remote` keeps the mirror up to date: it reads the stream, reconnects with backoff (0.5 s doubling
-to 10 s) and resumes with `Last-Event-ID`, and asks for the request counters and the 1- and
-5-minute statistics once a second (the stream carries states and records, not counters). `RemoteOperator` and `RemoteSettings` are the console's
+to 10 s) and resumes with `Last-Event-ID`, and asks for the 1- and 5-minute statistics every 5 s
+(the stream carries the states, the records and, once a second, the counters). `RemoteOperator` and `RemoteSettings` are the console's
 writes over the management API.
 """
 
@@ -68,8 +68,8 @@ __all__ = [
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
-POLL_S = 1.0
-"""How often the request counters are asked for."""
+STATS_POLL_S = 5.0
+"""How often the statistics are asked for: their buckets are 5 s (the counters come with the stream)."""
 EVENTS_KEPT = 1000
 """As many as the instance's own bus keeps."""
 TRANSITIONS_KEPT = 20
@@ -79,7 +79,6 @@ HELD_LAYERS = frozenset({"breaker", "connection", "lockout", "settings"})
 """Their events are told once the `state` (or `settings`) message after them has been applied."""
 SETTINGS_PATHS = {"resilience": "/api/resilience", "settings": "/api/settings"}
 STREAM = "/api/stream"
-HEALTH = "/api/monitoring/health"
 STATS = "/api/stats"
 STATS_WINDOWS = ("1m", "5m")
 """The windows the console shows (Overview's tiles, the Breakers and Connections columns)."""
@@ -140,6 +139,8 @@ class Mirror:
             self._settings_documents(data)
         elif kind == "request":
             self._request(request_view(data))
+        elif kind == "counters":
+            self._health(data, self._clock())
         else:
             return
         self._changes += 1
@@ -607,18 +608,15 @@ class Remote:
         ) as client:
             while True:
                 try:
-                    response = await client.get(HEALTH)
-                    if response.status_code == 200:
-                        self.mirror.health(response.json())
-                        if self.mirror.recording:
-                            for window in STATS_WINDOWS:
-                                answer = await client.get(STATS, params={"window": window})
-                                if answer.status_code == 200:
-                                    self.mirror.stats_polled(stats_report(answer.json()))
-                        self.on_change("health")
+                    if self.mirror.recording:
+                        for window in STATS_WINDOWS:
+                            answer = await client.get(STATS, params={"window": window})
+                            if answer.status_code == 200:
+                                self.mirror.stats_polled(stats_report(answer.json()))
+                        self.on_change("stats")
                 except (httpx.HTTPError, ValueError):
                     pass  # the stream says when the instance is away
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(STATS_POLL_S)
 
 
 def _count(value: object) -> int:

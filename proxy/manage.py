@@ -23,6 +23,7 @@ from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
 from proxy.store import StoreError
+from proxy.stream import KINDS as STREAM_KINDS
 
 __all__ = ["MAX_BODY_BYTES", "management_routes"]
 
@@ -290,8 +291,22 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- the live stream ------------------------------------------------------------------------
 
     async def stream(request: Request) -> Response:
+        asked = request.query_params.get("kinds")
+        kinds = STREAM_KINDS
+        if asked is not None:
+            kinds = frozenset(k.strip() for k in asked.split(",") if k.strip())
+            if not kinds or kinds - STREAM_KINDS:
+                raise _invalid(
+                    [
+                        FieldError(
+                            "kinds",
+                            f"takes a comma-separated list of {', '.join(sorted(STREAM_KINDS))}"
+                            f" (got {untrusted.echo(asked)!r})",
+                        )
+                    ]
+                )
         return StreamingResponse(
-            runtime.stream.messages(request.headers.get("last-event-id")),
+            runtime.stream.messages(request.headers.get("last-event-id"), kinds),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
@@ -351,7 +366,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
         *settings_routes("/api/resilience", "resilience"),
         *settings_routes("/api/settings", "settings"),
         Route("/api/events", _answers(events), methods=["GET"]),
-        Route("/api/stream", stream, methods=["GET"]),
+        Route("/api/stream", _answers(stream), methods=["GET"]),
         Route("/api/requests", _answers(requests), methods=["GET"]),
         Route("/api/requests/{id}", _answers(one_request), methods=["GET"]),
         Route("/api/stats", _answers(stats), methods=["GET"]),

@@ -587,7 +587,16 @@ def _paths() -> dict[str, Schema]:
                     "description": "`snapshot`, `event`, `state`, `settings` and `ping` messages; see docs/api.md",
                     "content": {"text/event-stream": {"schema": {"type": "string"}}},
                 },
+                errors={"400": _error("`kinds` names something the stream does not send (`invalid_request`)")},
                 parameters=[
+                    {
+                        "name": "kinds",
+                        "in": "query",
+                        "required": False,
+                        "schema": _STR,
+                        "description": "comma-separated: event, state, settings, request, counters (default all);"
+                        " snapshot and ping always come",
+                    },
                     {
                         "name": "Last-Event-ID",
                         "in": "header",

@@ -549,6 +549,14 @@ class ReadModel:
         now = self.now()
         return [e.to_api(now) for e in self.lockouts(now)]
 
+    def counters_api(self) -> dict[str, object]:
+        """What moves without an event, for the stream's `counters` message: a few numbers."""
+        return {
+            "uptimeMs": int(self.now() - self.started_at),
+            "requests": self._engine.stats.to_api(),
+            "lockoutTable": self.lockout_table().to_api(),
+        }
+
     def health_api(self) -> dict[str, object]:
         """`GET /api/monitoring/health`."""
         now = self.now()

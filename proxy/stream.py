@@ -8,10 +8,13 @@ One `StreamHub` per runtime turns the event bus into numbered messages:
 - `state`: the rows the events of the last 250 ms changed (breakers, connections, lockouts);
 - `settings`: both settings documents after a change;
 - `request`: a request record that began, changed state or ended (at most one per record per
-  250 ms; read from the trail only while a client is attached);
+  250 ms, and at most REQUESTS_PER_TICK finished ones: the newest; read from the trail only
+  while a client that asked for them is attached);
+- `counters`: the request counters, the uptime and the lockout table's fill, once a second;
 - `ping` every 15 s, so that a client (and any proxy between) knows the line is alive.
 
-Costs, since this runs beside the request path:
+Costs, since this runs beside the request path (a client asks for the kinds it reads with
+`?kinds=`, and nothing is computed for a kind no client asked for):
 
 - With no client attached the hub only notes which rows changed and, 250 ms later, puts one
   `state` message in the buffer; nothing is serialised. A message is encoded the first time a
@@ -56,6 +59,12 @@ SNAPSHOT_EVENTS = 200
 SNAPSHOT_REQUESTS = 200
 """Recent finished request records in a snapshot (the alive ones are all there)."""
 SNAPSHOT_REUSE_S = 0.5
+KINDS = frozenset({"event", "state", "settings", "request", "counters"})
+"""What a client may ask for with `?kinds=` (all by default); `snapshot` and `ping` always come."""
+REQUESTS_PER_TICK = 50
+"""Finished records sent per 250 ms at most (200 a second), the newest: under heavy traffic a
+console shows the latest ones anyway, and every record costs the proxy a view and its JSON."""
+COUNTERS_S = 1.0
 
 Payload = Callable[[], Any]
 
@@ -86,9 +95,11 @@ class Message:
 
 
 class _Client:
-    __slots__ = ("queue", "stale", "wake")
+    __slots__ = ("kinds", "queue", "stale", "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: frozenset[str]) -> None:
+        self.kinds = kinds
+        """What it asked for (`snapshot` and `ping` always come)."""
         self.queue: deque[Message] = deque()
         self.stale = False
         """Its queue overflowed and was dropped: it is owed a snapshot."""
@@ -117,6 +128,7 @@ class StreamHub:
         self._finished_mark = 0
         self._alive_states: dict[str, str] = {}
         self._requests_gap = 0
+        self._counters_due: asyncio.TimerHandle | None = None
         """Records changed while nobody listened: a client that saw no later message starts over."""
         self._unsubscribe = bus.subscribe(self._on_event)
 
@@ -167,7 +179,7 @@ class StreamHub:
         message = Message(self._seq, kind, payload)
         self._buffer.append(message)
         for client in self._clients:
-            if client.stale:
+            if client.stale or kind not in client.kinds:
                 continue
             if len(client.queue) >= CLIENT_QUEUE:
                 client.queue.clear()  # the snapshot it is owed says all of it
@@ -242,13 +254,26 @@ class StreamHub:
         self._alive_states = {r.id: r.state for r in read.alive_requests()}
         self._requests_due = asyncio.get_running_loop().call_later(COALESCE_S, self._poll_requests)
 
+    def _watch_counters(self) -> None:
+        if self._counters_due is None and not self._closed:
+            self._counters_due = asyncio.get_running_loop().call_later(COUNTERS_S, self._counters)
+
+    def _counters(self) -> None:
+        """The numbers that move without an event (requests, uptime, the lockout table), once a
+        second while a client asks for them: cheaper than each polling the health document."""
+        self._counters_due = None
+        if self._closed or not any("counters" in c.kinds for c in self._clients):
+            return
+        self._publish("counters", self._read.counters_api)
+        self._counters_due = asyncio.get_running_loop().call_later(COUNTERS_S, self._counters)
+
     def _poll_requests(self) -> None:
         self._requests_due = None
         read = self._read
         if self._closed:
             return
-        if not self._clients:  # the next client to come compares the version it stopped at
-            return
+        if not any("request" in c.kinds for c in self._clients):
+            return  # the next client to ask compares the version it stopped at
         version = read.requests_version
         if version != self._requests_version:
             self._requests_version = version
@@ -258,7 +283,7 @@ class StreamHub:
                 states[view.id] = view.state
                 if self._alive_states.get(view.id) != view.state:
                     self._publish("request", view.to_api)
-            for view in finished:
+            for view in finished[-REQUESTS_PER_TICK:]:
                 self._publish("request", view.to_api)
             self._alive_states = states
         self._requests_due = asyncio.get_running_loop().call_later(COALESCE_S, self._poll_requests)
@@ -300,19 +325,25 @@ class StreamHub:
         missed = [m for m in self._buffer if m.seq > seq] if seq < self._seq else []
         return missed if len(missed) <= CLIENT_QUEUE else None
 
-    async def messages(self, last_event_id: str | None = None) -> AsyncIterator[bytes]:
-        """One client's stream: what it missed (or a snapshot), then every message as it comes.
+    async def messages(
+        self, last_event_id: str | None = None, kinds: frozenset[str] = KINDS
+    ) -> AsyncIterator[bytes]:
+        """One client's stream: what it missed (or a snapshot), then every message of `kinds` as
+        it comes.
 
         Ends when the hub closes (the server is stopping); the caller cancels it when the client
         goes. Registration and the catch-up are computed in one step, so no message falls between."""
-        client = _Client()
-        self._watch_requests()  # first: it may find that records moved while nobody listened
+        client = _Client(kinds)
+        if "request" in kinds:
+            self._watch_requests()  # first: it may find that records moved while nobody listened
         missed = self._missed(last_event_id)
         if missed is None:
             client.stale = True
         else:
-            client.queue.extend(missed)
+            client.queue.extend(m for m in missed if m.kind in kinds)
         self._clients.add(client)
+        if "counters" in kinds:
+            self._watch_counters()
         instance = self.instance
         try:
             yield b"retry: 500\n\n"
@@ -336,10 +367,10 @@ class StreamHub:
     def close(self) -> None:
         """End every client's stream (the server is stopping: open streams must not hold it up)."""
         self._closed = True
-        for due in (self._flush_due, self._requests_due):
+        for due in (self._flush_due, self._requests_due, self._counters_due):
             if due is not None:
                 due.cancel()
-        self._flush_due = self._requests_due = None
+        self._flush_due = self._requests_due = self._counters_due = None
         self._unsubscribe()
         for client in self._clients:
             client.wake.set()

@@ -68,7 +68,7 @@ def requests(
     if follow:
         with connect(url, token, config) as api:
             try:
-                _follow(api.stream(STREAM), failed=failed, json_=json_)
+                _follow(api.stream(f"{STREAM}?kinds=request"), failed=failed, json_=json_)
             except KeyboardInterrupt:
                 return
         return

@@ -380,7 +380,7 @@ def events(
             emit(listed, json_=json_, human=lambda: _events_view(listed))
             return
         try:
-            _follow_events(api.stream(STREAM), json_=json_)
+            _follow_events(api.stream(f"{STREAM}?kinds=event"), json_=json_)
         except KeyboardInterrupt:
             return
 

@@ -433,3 +433,13 @@ def test_records_that_moved_while_nobody_listened_start_a_returning_client_over(
     wait_until(lambda: hub.clients == 0 and hub._requests_due is None, what="the trail to be let go")
     assert proxy.chat("loc/m1").status_code == 200
     assert listen(proxy.url, last_event_id=seen).next().kind == "snapshot"
+
+
+def test_a_client_names_the_kinds_it_wants_and_a_bad_name_is_a_400(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], listen: Callable[..., Listener]
+) -> None:
+    proxy = one_provider(launch, upstreams())
+    bad = proxy.http.get(STREAM, params={"kinds": "event,<b>gossip</b>"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["fields"][0]["field"] == "kinds"
+    assert proxy.rt.stream.clients == 0

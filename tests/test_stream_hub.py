@@ -1,0 +1,90 @@
+"""The live stream's hub without a server: what it computes for the kinds its clients asked for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from proxy import stream
+from proxy.runtime import Runtime
+from tests.tui.snapshot_app import build_runtime
+
+
+def finish(runtime: Runtime, count: int) -> list[str]:
+    """`count` requests that begin and end now; their ids."""
+    trail = runtime.trail
+    assert trail is not None
+    ids = []
+    for n in range(count):
+        record = trail.begin(f"fresh-{n}", "127.0.0.1", "chat/completions")
+        trail.end(record, 200)
+        ids.append(record.id)
+    return ids
+
+
+def kinds_of(wire: list[bytes]) -> list[str]:
+    return [
+        line.split(b": ", 1)[1].decode()
+        for chunk in wire
+        for line in chunk.split(b"\n")
+        if line.startswith(b"event:")
+    ]
+
+
+async def drain(messages: object, count: int) -> list[bytes]:
+    got = []
+    for _ in range(count):
+        got.append(await asyncio.wait_for(messages.__anext__(), 1))  # type: ignore[attr-defined]
+    return got
+
+
+async def test_finished_records_are_sent_newest_first_up_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream, "REQUESTS_PER_TICK", 2)
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"request"}))
+    await drain(messages, 2)  # retry, snapshot
+    ids = finish(runtime, 5)
+    hub._poll_requests()  # one tick's worth, at once
+    sent = await drain(messages, 2)
+    assert kinds_of(sent) == ["request", "request"]
+    assert [json.loads(chunk.split(b"data: ", 1)[1])["id"] for chunk in sent] == ids[-2:]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(messages.__anext__(), 0.3)  # the three older ones are not sent
+    await messages.aclose()
+    hub.close()
+
+
+async def test_a_client_gets_only_the_kinds_it_asked_for_and_nothing_is_read_for_the_others() -> None:
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"event"}))
+    await drain(messages, 2)  # retry, snapshot
+    assert hub._requests_due is None and hub._counters_due is None  # the trail is never read
+    finish(runtime, 3)
+    runtime.engine.reset_breakers(None, source="test")  # an operator event, and breaker rows
+    hub.flush()
+    got: list[bytes] = []
+    with pytest.raises(TimeoutError):
+        while True:
+            got.append(await asyncio.wait_for(messages.__anext__(), 0.3))
+    assert got and set(kinds_of(got)) == {"event"}  # breaker events and the operator's; no state, no request
+    await messages.aclose()
+    hub.close()
+
+
+async def test_counters_come_once_a_second_to_who_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream, "COUNTERS_S", 0.05)
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"counters"}))
+    await drain(messages, 2)
+    [chunk] = await drain(messages, 1)
+    assert kinds_of([chunk]) == ["counters"]
+    data = json.loads(chunk.split(b"data: ", 1)[1])
+    assert data == runtime.read.counters_api()
+    assert set(data) == {"uptimeMs", "requests", "lockoutTable"}
+    await messages.aclose()
+    hub.close()
