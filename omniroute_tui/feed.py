@@ -30,7 +30,15 @@ from omniroute_tui import format as fmt
 from omniroute_tui import snapshot as snap
 from omniroute_tui.messages import SnapshotReady
 from omniroute_tui.snapshot import Detail, Entry, Overview, Row, Snapshot, SortKey, TableSnapshot, View
-from proxy.readmodel import DEFAULT_WINDOW, Event, LockoutView, Observed, RequestView, StatsReport
+from proxy.readmodel import (
+    DEFAULT_WINDOW,
+    Event,
+    LockoutView,
+    Observed,
+    RequestView,
+    StatsReport,
+    triple_of,
+)
 
 TICK_S: Final = 0.5
 WINDOW_MARGIN: Final = 10
@@ -327,7 +335,7 @@ class Feed:
                 history.append(snap.event_entry(item))
                 changes = self._lockout_changes
                 if item.layer == "lockout" and changes is not None:
-                    changes.add(tuple(item.key.split(":", 2)))  # ids hold no ':', models may
+                    changes.add(triple_of(item.key))
             else:
                 self._log_count += 1
                 history.append(snap.log_entry(self._log_count, *item))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
 from proxy.resilience.breaker import CircuitBreaker, escalated_reset_timeout_ms
 from proxy.resilience.events import Event, EventBus
-from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus
+from proxy.resilience.lockout import LockoutEntry, LockoutTableStatus, event_key, triple_of
 from proxy.resilience.timefmt import epoch_ms, iso
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ __all__ = [
     "request_view",
     "reset_timeout_ms",
     "stats_report",
+    "triple_of",
 ]
 
 ALIVE_STATES = ("queued", "waiting", "slot", "upstream", "streaming")
@@ -179,7 +180,7 @@ class LockoutView:
     @property
     def key(self) -> str:
         """The event bus's key for this triple (`provider:connection:model`)."""
-        return f"{self.provider}:{self.connection_id}:{self.model}"
+        return event_key(self.provider, self.connection_id, self.model)
 
     def remaining_ms(self, now: float) -> float:
         return max(0.0, self.expires_at - now)

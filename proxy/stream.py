@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from proxy import untrusted
-from proxy.readmodel import ReadModel
+from proxy.readmodel import ReadModel, triple_of
 from proxy.resilience.events import Event, EventBus
 from proxy.settings import Settings
 
@@ -150,8 +150,7 @@ class StreamHub:
         elif layer == "connection":
             self._connections.add(event.key)
         elif layer == "lockout":
-            provider, connection_id, model = event.key.split(":", 2)  # a model name may hold ":"
-            self._lockouts.add((provider, connection_id, model))
+            self._lockouts.add(triple_of(event.key))
         elif layer == "settings":
             self._publish("settings", self._settings_documents)
             return

@@ -89,7 +89,7 @@ class LockoutEntry:
 
     @property
     def key(self) -> str:
-        return f"{self.provider}:{self.connection_id}:{self.model}"
+        return event_key(self.provider, self.connection_id, self.model)
 
     def is_locked(self, now: float) -> bool:
         return now < self.expires_at
@@ -526,10 +526,20 @@ class LockoutTable:
         return bool(expired)
 
 
+def event_key(provider: str, connection_id: str, model: str) -> str:
+    """A triple as the event bus names it: `provider:connection:model`."""
+    return f"{provider}:{connection_id}:{model}"
+
+
+def triple_of(key: str) -> tuple[str, str, str]:
+    """The inverse of `event_key`. Provider and connection ids hold no colon (the config refuses
+    them); a model name may (`llama3:70b`), so it is whatever follows the second one."""
+    provider, connection_id, model = key.split(":", 2)
+    return provider, connection_id, model
+
+
 def _event(now: float, key: _Key, from_: str, to: str, reason: str) -> Event:
-    return Event(
-        ts=now, layer="lockout", key=f"{key[0]}:{key[1]}:{key[2]}", from_=from_, to=to, reason=reason
-    )
+    return Event(ts=now, layer="lockout", key=event_key(*key), from_=from_, to=to, reason=reason)
 
 
 def _by_expiry_desc(entry: LockoutEntry) -> float:
