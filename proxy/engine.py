@@ -37,6 +37,7 @@ from proxy.resilience.restate import RestatementRule, restate, rules_for
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.scrub import Scrubber
 from proxy.settings import Settings
+from proxy.shared import ConnectionOp, LockoutOp, SharedState, reenable_op
 from proxy.store import BadRecord, MemoryStore, StateStore, StoredState
 
 # How long a HALF_OPEN provider whose probe is in flight is expected to stay blocked, for the
@@ -269,6 +270,8 @@ class Engine:
         self._dirty_lockouts: set[tuple[str, str, str]] = set()
         self._dirty_pins: set[str] = set()
         self._round_robin: dict[str, int] = {}
+        self.shared: SharedState | None = None
+        """A shared state backend (several replicas, one state; proxy/shared.py), or None (SQLite)."""
         for p in providers:
             breaker = CircuitBreaker(
                 p.id,
@@ -303,6 +306,8 @@ class Engine:
             # A breaker also moves on a read (lazy recovery, OPEN -> HALF_OPEN), where no outcome
             # marks it dirty: every transition is persisted, or a restart would replay it later.
             self._dirty_breakers.add(event.key)
+        if self.shared is not None and self.shared.publishes(event):
+            return  # the backend's change feed brings it to every replica's bus, this one's included
         self.bus.publish(event)
 
     def _lockout_dropped(self, key: tuple[str, str, str]) -> None:
@@ -612,6 +617,8 @@ class Engine:
         verdict = classify(outcome, per_model_quota=provider.spec.per_model_quota, lockout=lockout_settings)
 
         breaker = provider.breaker
+        if self.shared is not None and (verdict.breaker is not BreakerEffect.NONE or attempt.probe):
+            self.shared.breaker(pid, verdict.breaker, now, probe=attempt.probe)
         if verdict.breaker is BreakerEffect.SUCCESS:
             breaker.record_success(now, probe=attempt.probe_ticket)
         elif verdict.breaker is BreakerEffect.FAILURE:
@@ -627,8 +634,7 @@ class Engine:
             if health.terminal is None and (
                 health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
             ):
-                health.record_success(now)
-                self._dirty_connections.add(cid)
+                self._connection_op(cid, lambda h: h.record_success(now))
         elif effect is not ConnectionEffect.NONE:
             error = _describe(outcome, verdict)
             if effect is ConnectionEffect.COOLDOWN:
@@ -638,41 +644,52 @@ class Engine:
                     if policy.use_upstream_retry_hints
                     else None
                 )
-                health.record_failure(
-                    now,
-                    policy,
-                    error=error,
-                    error_type=verdict.reason,
-                    code=outcome.status,
-                    hint_ms=hint,
-                    disable_cooling=conn.spec.disable_cooling,
+                reason, code, no_cooling = verdict.reason, outcome.status, conn.spec.disable_cooling
+                self._connection_op(
+                    cid,
+                    lambda h: h.record_failure(
+                        now,
+                        policy,
+                        error=error,
+                        error_type=reason,
+                        code=code,
+                        hint_ms=hint,
+                        disable_cooling=no_cooling,
+                    ),
                 )
             else:
-                health.mark_terminal(now, effect.value, error=error, code=outcome.status)
-            self._dirty_connections.add(cid)
+                status, code = effect.value, outcome.status
+                self._connection_op(cid, lambda h: h.mark_terminal(now, status, error=error, code=code))
 
         if verdict.lockout is LockoutEffect.DECAY:
             if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
-                self.lockouts.record_success(pid, cid, model, now)
-                self._dirty_lockouts.add((pid, cid, model))
+                self._lockout_op((pid, cid, model), lambda t: t.record_success(pid, cid, model, now))
         elif verdict.lockout is LockoutEffect.LOCK:
             hint = (
                 parse_retry_hint(outcome.headers, outcome.body, now)
                 if outcome.headers or outcome.body
                 else None
             )
-            self.lockouts.record_failure(
-                pid,
-                cid,
-                model,
-                now,
-                lockout_settings,
-                status=outcome.status,
-                reason=verdict.reason,
-                hint_ms=hint,
-                started_at=attempt.started_at,
+            lock_status, lock_reason, lock_hint, started = (
+                outcome.status,
+                verdict.reason,
+                hint,
+                attempt.started_at,
             )
-            self._dirty_lockouts.add((pid, cid, model))
+            self._lockout_op(
+                (pid, cid, model),
+                lambda t: t.record_failure(
+                    pid,
+                    cid,
+                    model,
+                    now,
+                    lockout_settings,
+                    status=lock_status,
+                    reason=lock_reason,
+                    hint_ms=lock_hint,
+                    started_at=started,
+                ),
+            )
 
         if (
             verdict.breaker is BreakerEffect.FAILURE
@@ -692,6 +709,20 @@ class Engine:
 
         return Recorded(verdict, outcome.status, client_retry)
 
+    def _connection_op(self, connection_id: str, op: ConnectionOp) -> None:
+        """Apply one change to a connection's health: here, and (first) in the shared state."""
+        if self.shared is not None:
+            self.shared.connection(connection_id, op)
+        op(self.connections[connection_id].health)
+        self._dirty_connections.add(connection_id)
+
+    def _lockout_op(self, key: tuple[str, str, str], op: LockoutOp) -> None:
+        """Apply one change to one triple's lockout: here, and (first) in the shared state."""
+        if self.shared is not None:
+            self.shared.lockout(key, op)
+        op(self.lockouts)
+        self._dirty_lockouts.add(key)
+
     def probe_waiting(self, attempt: Attempt) -> None:
         """The attempt is about to wait in our own queues. A probe's lease stops running meanwhile:
         its owner is alive and settles it on every path, and time it spends queued behind other
@@ -704,6 +735,8 @@ class Engine:
         starts over, so a probe that streams for longer than the lease keeps its slot."""
         if attempt.probe:
             attempt.provider.breaker.renew_probe(self.clock.now(), attempt.probe_ticket)
+            if self.shared is not None:
+                self.shared.probe_alive(attempt.provider.spec.id)
 
     # ------------------------------------------------------------------ operator actions
 
@@ -717,6 +750,8 @@ class Engine:
             raise KeyError(provider)
         ids = [provider] if provider is not None else list(self.providers)
         for pid in ids:
+            if self.shared is not None:
+                self.shared.reset_breaker(pid, now)
             self.providers[pid].breaker.reset(now, "operator")
             self._dirty_breakers.add(pid)
         self._operator(f"reset breaker {provider or '--all'}", source)
@@ -728,8 +763,7 @@ class Engine:
             raise KeyError(connection_id)
         ids = [connection_id] if connection_id is not None else list(self.connections)
         for cid in ids:
-            self.connections[cid].health.reset(now, "operator")
-            self._dirty_connections.add(cid)
+            self._connection_op(cid, lambda h: h.reset(now, "operator"))
         self._operator(f"reset connection {connection_id or '--all'}", source)
         return len(ids)
 
@@ -737,8 +771,8 @@ class Engine:
         if connection_id not in self.connections:
             raise KeyError(connection_id)
         conn = self.connections[connection_id]
-        conn.health.set_enabled(enabled, self.clock.now())
-        self._dirty_connections.add(connection_id)
+        now = self.clock.now()
+        self._connection_op(connection_id, lambda h: h.set_enabled(enabled, now))
         if not enabled and conn.limiter is not None:
             conn.limiter.recheck()  # what waits in its queue is not sent to a disabled connection
         self._operator(f"{'enable' if enabled else 'disable'} {connection_id}", source)
@@ -748,20 +782,30 @@ class Engine:
     ) -> int:
         """Lift the lockouts of one model: on one connection, or across the provider's connections."""
         runtime = self.providers.get(provider)
+        now = self.clock.now()
         if runtime is not None:
-            self._dirty_lockouts.update(
+            keys = [
                 (provider, c.spec.id, model)
                 for c in runtime.connections
                 if connection_id is None or c.spec.id == connection_id
-            )
-        removed = self.lockouts.reenable(provider, model, self.clock.now(), connection_id)
+            ]
+            self._dirty_lockouts.update(keys)
+            if self.shared is not None:
+                for key in keys:
+                    self.shared.lockout(key, reenable_op(key, now))
+        removed = self.lockouts.reenable(provider, model, now, connection_id)
         suffix = f" --connection {connection_id}" if connection_id else ""
         self._operator(f"reenable {provider}/{model}{suffix}", source)
         return removed
 
     def reenable_all(self, *, source: str = "api") -> int:
-        self._dirty_lockouts.update(self.lockouts.keys())
-        removed = self.lockouts.reenable_all(self.clock.now())
+        keys = self.lockouts.keys()
+        self._dirty_lockouts.update(keys)
+        now = self.clock.now()
+        if self.shared is not None:
+            for key in keys:
+                self.shared.lockout(key, reenable_op(key, now))
+        removed = self.lockouts.reenable_all(now)
         self._operator("reenable --all", source)
         return removed
 
