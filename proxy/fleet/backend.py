@@ -139,6 +139,9 @@ class FleetState:
         self._settings_lock = threading.Lock()
         self._feed_from = "0-0"
         self.connected = False
+        """Transitions are written to Redis (False: fail-open, they stay local and are reconciled)."""
+        self.up = False
+        """What health, events and the console report: connected, and reconciled since it was lost."""
         self.since = self._clock.now()
         self.replicas: list[dict[str, Any]] = []
         self.started_at = self._clock.now()
@@ -200,7 +203,7 @@ class FleetState:
             state.settings = json.loads(text)
             self._settings_version = int(version or 0)
         state.meta = dict(self._sync.hgetall(f"{self.prefix}meta"))
-        self.connected = True
+        self.connected = self.up = True
         self.since = self._clock.now()
         return state
 
@@ -361,7 +364,7 @@ class FleetState:
     # ------------------------------------------------------------------ what the health document says
 
     def status(self) -> dict[str, object]:
-        return {"kind": self.kind, "connected": self.connected, "since": iso(self.since)}
+        return {"kind": self.kind, "connected": self.up, "since": iso(self.since)}
 
     def fleet(self) -> dict[str, object]:
         return {"replica": self.replica_id, "address": self.address, "replicas": list(self.replicas)}
@@ -718,9 +721,10 @@ class FleetState:
     # ------------------------------------------------------------------ losing and regaining Redis
 
     def _lost(self, exc: BaseException) -> None:
-        if not self.connected:
-            return
         self.connected = False
+        if not self.up:
+            return  # said already (or lost again while reconciling: still the same outage)
+        self.up = False
         self.since = self._clock.now()
         reason = (str(exc) or type(exc).__name__)[:200]
         log.warning("fleet: lost the state backend (%s); serving on this replica's memory", reason)
@@ -736,6 +740,7 @@ class FleetState:
         # usual, while the reconcile below merges what changed while Redis was away.
         self.connected = True
         merged = await self._reconcile()
+        self.up = True
         self.since = self._clock.now()
         log.warning("fleet: the state backend is back; %d records reconciled", merged)
         self._bus.publish(

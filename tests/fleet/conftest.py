@@ -274,6 +274,27 @@ class Fleet:
 
 
 @pytest.fixture
+def gates() -> Iterator[Callable[[int], TcpGate]]:
+    made: list[TcpGate] = []
+
+    def make(target_port: int = 6379) -> TcpGate:
+        gate = TcpGate(target_port)
+        made.append(gate)
+        return gate
+
+    yield make
+    for gate in made:
+        gate.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def make_fleet(
     tmp_path: Path, prefix: str, upstream: tuple[FakeUpstream, str]
 ) -> Iterator[Callable[..., Fleet]]:
@@ -344,13 +365,17 @@ def _pings(client: redis.Redis) -> bool:
 
 
 class TcpGate:
-    """A TCP proxy the test controls: `cut()` drops every connection and refuses new ones (a
-    partition as the replicas see it), `heal()` lets traffic through again."""
+    """A TCP proxy the test controls, between replicas and Redis: a partition as a replica sees it.
+
+    `cut()` closes every connection and refuses new ones (Redis's host is gone: resets);
+    `cut(drop=True)` keeps the connections open but forwards nothing either way (packets dropped:
+    the replica only learns from its timeouts). `heal()` lets traffic through again."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = free_port()
         self.open = True
+        self.dropping = False
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", self.port))
@@ -367,6 +392,10 @@ class TcpGate:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            if self.dropping:
+                with self._lock:
+                    self._conns.append(client)  # held open, never answered
+                continue
             if not self.open:
                 client.close()
                 continue
@@ -386,6 +415,8 @@ class TcpGate:
                 data = source.recv(65536)
                 if not data or not self.open:
                     break
+                if self.dropping:
+                    continue
                 sink.sendall(data)
         except OSError:
             pass
@@ -395,8 +426,20 @@ class TcpGate:
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
 
-    def cut(self) -> None:
+    def cut(self, *, drop: bool = False) -> None:
+        if drop:
+            self.dropping = True
+            return
         self.open = False
+        self._close_all()
+
+    def heal(self) -> None:
+        if self.dropping:
+            self.dropping = False
+            self._close_all()  # what was held open carried nothing: the replica reconnects
+        self.open = True
+
+    def _close_all(self) -> None:
         with self._lock:
             conns, self._conns = self._conns, []
         for s in conns:
@@ -404,12 +447,10 @@ class TcpGate:
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
 
-    def heal(self) -> None:
-        self.open = True
-
     def close(self) -> None:
         self._stopped = True
-        self.cut()
+        self.open = False
+        self._close_all()
         self._server.close()
 
 
