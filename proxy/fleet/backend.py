@@ -78,6 +78,7 @@ FEED_BLOCK_MS = 1_000
 RECONNECT_BACKOFF_S = (0.1, 2.0)
 MAX_REPLAYS = 16
 SETTINGS_CONFLICT_WAIT_S = 1.0
+STOP_TIMEOUT_S = 1.0
 _LAZY_REASONS = frozenset({"timeout_elapsed"})
 """Transitions every replica derives on its own (lazy recovery): published locally, never shipped."""
 
@@ -154,6 +155,7 @@ class FleetState:
         self._r: Any = None
         self._feed: Any = None
         self._closed = False
+        self._stopping = False
 
     # ------------------------------------------------------------------ keys
 
@@ -348,18 +350,20 @@ class FleetState:
             # What was decided before the stop reaches the fleet (briefly: a lost Redis gives up).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(jobs.join(), 2.0)
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Bounded: a task cancelled inside the Redis client's own reconnect logic may take its time.
+        await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
         self._tasks = []
+        if self._r is not None:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                # The Replicas line loses this replica at once, not when its key expires.
+                await asyncio.wait_for(self._r.delete(self.key("replica", self.replica_id)), STOP_TIMEOUT_S)
         for client in (self._r, self._feed):
             if client is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    if client is self._r:
-                        await client.delete(self.key("replica", self.replica_id))
-                    await client.aclose()
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await asyncio.wait_for(client.aclose(), STOP_TIMEOUT_S)
 
     # ------------------------------------------------------------------ what the health document says
 
@@ -459,7 +463,7 @@ class FleetState:
 
     async def _work(self) -> None:
         assert self._jobs is not None
-        while True:
+        while not self._stopping:
             job = await self._jobs.get()
             slot = (job.kind, job.ident)
             try:
@@ -475,6 +479,8 @@ class FleetState:
             except (RedisError, OSError) as exc:
                 if job.kind in ("b", "c", "l"):
                     self._dirty.add(slot)
+                if self._stopping:
+                    return
                 self._lost(exc)
             except Exception:
                 log.exception("fleet: could not share a transition of %s", slot)
@@ -499,6 +505,11 @@ class FleetState:
             new = self._record_of(job.kind, job.ident, fresh)
             shipped = [e for e in events if e.reason not in _LAZY_REASONS]
             if new == record and not shipped:
+                # Nothing to write: the shared record already says it (or, after a conflict, says
+                # more). This replica's memory tier may have applied its own stale decision: it
+                # takes the shared record instead.
+                if self._pending.get(slot, 0) <= 1:
+                    self._adopt(job.kind, job.ident, record)
                 break
             ok, current_version, rest = await self._write(job.kind, job.ident, version, new, shipped)
             if ok:
@@ -639,19 +650,22 @@ class FleetState:
     async def _supervise(self) -> None:
         """Tail the feed; on a lost Redis, retry with backoff, then reconcile and tail again."""
         delay = RECONNECT_BACKOFF_S[0]
-        while True:
+        while not self._stopping:
             try:
                 if not self.connected:
                     await self._reconnect()
                     delay = RECONNECT_BACKOFF_S[0]
                 await self._tail()
             except (RedisError, OSError) as exc:
+                # A stop's cancellation can reach us as the Redis client's own error: not an outage.
+                if self._stopping:
+                    return
                 self._lost(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_BACKOFF_S[1])
-            except asyncio.CancelledError:
-                raise
             except Exception:
+                if self._stopping:
+                    return
                 log.exception("fleet: the change feed failed; retrying")
                 await asyncio.sleep(delay)
 
@@ -721,6 +735,8 @@ class FleetState:
     # ------------------------------------------------------------------ losing and regaining Redis
 
     def _lost(self, exc: BaseException) -> None:
+        if self._stopping:
+            return
         self.connected = False
         if not self.up:
             return  # said already (or lost again while reconciling: still the same outage)
@@ -845,11 +861,13 @@ class FleetState:
     # ------------------------------------------------------------------ replicas
 
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._stopping:
             if self.connected and self._r is not None:
                 try:
                     await self._beat()
                 except (RedisError, OSError) as exc:
+                    if self._stopping:
+                        return  # a stop's cancellation, as the Redis client reports it
                     self._lost(exc)
             await asyncio.sleep(HEARTBEAT_S)
 
