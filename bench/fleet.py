@@ -95,6 +95,7 @@ http {{
       proxy_pass http://omniroute;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      proxy_set_header Host $http_host;  # the proxy answers only Host names it knows (DNS-rebinding guard)
       proxy_buffering off;
     }}
   }}
