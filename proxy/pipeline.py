@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -37,7 +38,7 @@ from proxy.apis import (
     responses_sse_error,
     stream_error,
 )
-from proxy.body import RequestBody, is_json
+from proxy.body import RequestBody
 from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
@@ -442,11 +443,8 @@ class Pipeline:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
             claims_json = _claims_json(upstream.content_type)
-            if progress.record is not None:  # the trail reads the usage: parse it whole
-                parsed = _parsed(content) if claims_json else _NOT_JSON
-                garbled = claims_json and parsed is _NOT_JSON
-            else:  # nobody reads it: only check it is JSON, which builds no objects
-                parsed, garbled = _NOT_JSON, claims_json and not is_json(content)
+            parsed = _parsed(content) if claims_json else _NOT_JSON
+            garbled = claims_json and parsed is _NOT_JSON
             if garbled:
                 # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
                 # off) is no success: the client could not use it, so the next candidate is tried.
@@ -947,7 +945,13 @@ _NOT_JSON = object()
 
 
 def _parsed(content: bytes) -> object:
-    """The JSON document `content` holds, or _NOT_JSON."""
+    """The JSON document an answer holds, read as the clients' own libraries read it (NaN and
+    Infinity, as Python's json writes them, included), or _NOT_JSON. orjson first: it is fast
+    and refuses only what the standard parser may still read."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(content)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -964,8 +968,8 @@ def _request_id(request: Request) -> str:
 
 
 def _client(request: Request) -> str:
-    client = request.client
-    return client.host if client is not None else "unknown"
+    client = request.scope.get("client")  # (host, port); `request.client` builds a named tuple
+    return str(client[0]) if client else "unknown"
 
 
 def _ended(trail: Trail, record: RequestRecord, response: Response | None) -> None:
