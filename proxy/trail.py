@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 
 from proxy.config import REQUEST_HISTORY
@@ -159,7 +159,9 @@ class Trail:
         """Bumped on every change a reader could see (a new record, a state, an end)."""
         self.finished = 0
         """Records ended so far: a reader's mark for `finished_since`."""
-        self.stats = TrafficStats(list(engine.providers), list(engine.connections))
+        self.stats = TrafficStats(
+            {p: [c.spec.id for c in provider.connections] for p, provider in engine.providers.items()}
+        )
         self.fallbacks: dict[str, int] = {}
         """Attempts that fell back, per provider (for /metrics)."""
 
@@ -190,7 +192,9 @@ class Trail:
         (it can no longer fall back)."""
         kind = outcome.kind
         result: AttemptOutcome
-        if kind is OutcomeKind.CLIENT_DISCONNECT:
+        if status is not None and 200 <= status < 300 and outcome.is_success:  # the common case first
+            result, reason = "ok", "ok"
+        elif kind is OutcomeKind.CLIENT_DISCONNECT:
             result, reason = "disconnect", "the client went away"
         elif kind is OutcomeKind.LOCAL_REJECTION:
             result, reason = "local", _short(outcome.error, REASON_LIMIT)
@@ -523,21 +527,30 @@ LATENCY_EDGES_MS: tuple[float, ...] = (
 _BINS = len(LATENCY_EDGES_MS) + 1
 
 # The layout of one bucket, one window's totals and the all-time totals: a flat list of numbers.
-REQUESTS, ERRORS, STREAM_TOKENS, STREAM_MS, PROMPT, COMPLETION, LAT_SUM, TTFT_SUM, TTFT_N = range(9)
-LAT = 9
+# No request counts: a request adds one to a latency bin (and, when it streamed, to a TTFT bin),
+# so the counts are the bins added up, when read.
+ERRORS, STREAM_TOKENS, STREAM_MS, PROMPT, COMPLETION, LAT_SUM, TTFT_SUM = range(7)
+LAT = 7
 TTFT = LAT + _BINS
 _WIDTH = TTFT + _BINS
 
 
-class _Series:
-    """One provider's or connection's buckets and window totals.
+def count(row: list[float], start: int) -> float:
+    """How many the histogram at row[start:start+_BINS] holds (LAT: requests; TTFT: streams)."""
+    return sum(row[start : start + _BINS])
 
-    A request adds to two rows only: its bucket and the all-time totals. Each window's totals hold
-    its *closed* buckets: a bucket is added to them when it closes (the first request or read of
-    a later bucket) and subtracted when it leaves the window; a read adds the current bucket.
+
+class _Series:
+    """One connection's buckets and window totals.
+
+    A request adds to one row only: its bucket's. Each window's totals, and the all-time totals,
+    hold *closed* buckets: a bucket is added to them when it closes (the first request or read of
+    a later bucket), and subtracted from a window's when it leaves it; a read adds the current
+    bucket. A provider's figures are its connections' added up when read (a connection belongs to
+    one provider), so a request costs the same whatever a provider holds.
     """
 
-    __slots__ = ("bucket_of", "buckets", "current", "last", "total", "windows")
+    __slots__ = ("bucket_of", "buckets", "current", "last", "statuses", "total", "windows")
 
     def __init__(self) -> None:
         self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
@@ -545,16 +558,20 @@ class _Series:
         """The bucket number each slot holds (-1: none)."""
         self.windows = [[0.0] * _WIDTH for _ in _SPANS]
         self.total = [0.0] * _WIDTH
-        """Since the start (for /metrics' counters and histograms)."""
+        """Closed buckets since the start (for /metrics' counters and histograms)."""
         self.last = -1
         self.current = self.buckets[0]
         """The row of bucket `last`."""
+        self.statuses: dict[int, int] = {}
+        """Finished requests per status since the start (0: none, the client went first)."""
 
     def advance(self, bucket: int) -> None:
         last = self.last
         if bucket <= last:
             return
         buckets, bucket_of, windows = self.buckets, self.bucket_of, self.windows
+        if last >= 0:
+            _add(self.total, self.current)  # bucket `last` closes
         if last < 0 or bucket - last > SLOTS:
             for row in windows:
                 row[:] = [0.0] * _WIDTH
@@ -566,8 +583,7 @@ class _Series:
                 if bucket_of[slot] == closed:
                     new = buckets[slot]
                     for totals in windows:
-                        for i in range(_WIDTH):
-                            totals[i] += new[i]
+                        _add(totals, new)
                 for spans, totals in zip(_SPANS, windows, strict=True):
                     gone = b - spans
                     slot = gone % SLOTS
@@ -592,19 +608,43 @@ class _Series:
             return closed
         return [a + b for a, b in zip(closed, self.current, strict=True)]
 
+    def all_time(self) -> list[float]:
+        """Everything since the start, the open bucket included."""
+        if self.last < 0:
+            return list(self.total)
+        return [a + b for a, b in zip(self.total, self.current, strict=True)]
+
+    def bucket(self, b: int) -> list[float] | None:
+        """Bucket `b`'s row, if this series still holds it."""
+        slot = b % SLOTS
+        return self.buckets[slot] if self.bucket_of[slot] == b else None
+
+
+def _add(into: list[float], row: list[float]) -> None:
+    for i in range(_WIDTH):
+        into[i] += row[i]
+
+
+def _summed(rows: Iterable[list[float]]) -> list[float]:
+    total = [0.0] * _WIDTH
+    for row in rows:
+        _add(total, row)
+    return total
+
 
 _SPANS = tuple(ms // BUCKET_MS for ms in WINDOWS.values())
 _WINDOW_INDEX = {name: i for i, name in enumerate(WINDOWS)}
 
 
 class TrafficStats:
-    """Per provider and per connection, over the windows of WINDOWS, kept as requests end."""
+    """Per provider and per connection, over the windows of WINDOWS, kept as requests end.
 
-    def __init__(self, providers: Sequence[str], connections: Sequence[str]) -> None:
-        self.providers = {p: _Series() for p in providers}
-        self.connections = {c: _Series() for c in connections}
-        self.by_status: dict[tuple[str, str, int], int] = {}
-        """Finished requests per (provider, connection, status) since the start (for /metrics)."""
+    `members`: each provider's connection ids (a connection id belongs to one provider)."""
+
+    def __init__(self, members: Mapping[str, Sequence[str]]) -> None:
+        self.ids = {p: list(ids) for p, ids in members.items()}
+        self.connections = {c: _Series() for ids in members.values() for c in ids}
+        self.members = {p: [self.connections[c] for c in ids] for p, ids in members.items()}
         self.unrouted: dict[int, int] = {}
         """Finished requests that reached no upstream, per status."""
 
@@ -620,37 +660,31 @@ class TrafficStats:
         usage: Usage | None,
         generation_ms: float | None,
     ) -> None:
-        lat = LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)
-        first = TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms) if ttft_ms is not None else -1
-        prompt = completion = 0
-        if usage is not None:
-            prompt, completion = usage[0] or 0, usage[1] or 0
-        stream_ms = generation_ms if completion and generation_ms is not None and generation_ms > 0 else 0.0
+        series = self.connections.get(connection)
+        if series is None:
+            return
+        statuses = series.statuses
+        code = status or 0
+        statuses[code] = statuses.get(code, 0) + 1
         bucket = int(now // BUCKET_MS)
-        for series in (self.providers.get(provider), self.connections.get(connection)):
-            if series is None:
-                continue
-            if bucket != series.last:
-                series.advance(bucket)
-            for row in (series.current, series.total):
-                row[REQUESTS] += 1
-                row[LAT_SUM] += duration_ms
-                row[lat] += 1
-                if error:
-                    row[ERRORS] += 1
-                if first >= 0:
-                    row[TTFT_SUM] += ttft_ms or 0.0
-                    row[TTFT_N] += 1
-                    row[first] += 1
-                if prompt:
-                    row[PROMPT] += prompt
-                if completion:
-                    row[COMPLETION] += completion
-                    if stream_ms:
-                        row[STREAM_TOKENS] += completion
-                        row[STREAM_MS] += stream_ms
-        key = (provider, connection, status or 0)
-        self.by_status[key] = self.by_status.get(key, 0) + 1
+        if bucket != series.last:
+            series.advance(bucket)
+        row = series.current
+        row[LAT_SUM] += duration_ms
+        row[LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)] += 1
+        if error:
+            row[ERRORS] += 1
+        if ttft_ms is not None:
+            row[TTFT_SUM] += ttft_ms
+            row[TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms)] += 1
+        if usage is not None:
+            completion = usage[1]
+            row[PROMPT] += usage[0] or 0
+            if completion:
+                row[COMPLETION] += completion
+                if generation_ms is not None and generation_ms > 0:
+                    row[STREAM_TOKENS] += completion
+                    row[STREAM_MS] += generation_ms
 
     def add_unrouted(self, status: int | None) -> None:
         key = status or 0
@@ -659,40 +693,47 @@ class TrafficStats:
     def report(self, window: str, now: float) -> StatsReport:
         w = _WINDOW_INDEX[window]
         bucket = int(now // BUCKET_MS)
+        rows = {c: s.window(w, bucket) for c, s in self.connections.items()}
         return StatsReport(
             window,
-            {p: _stats(s, w, bucket) for p, s in self.providers.items()},
-            {c: _stats(s, w, bucket) for c, s in self.connections.items()},
+            {p: _stats(_summed(s.window(w, bucket) for s in series)) for p, series in self.members.items()},
+            {c: _stats(row) for c, row in rows.items()},
         )
 
-    def one(self, provider: str | None, connection: str | None, window: str, now: float) -> StatsView | None:
-        series = (
-            self.providers.get(provider or "") if connection is None else self.connections.get(connection)
-        )
-        if series is None:
-            return None
-        return _stats(series, _WINDOW_INDEX[window], int(now // BUCKET_MS))
+    def by_status(self) -> dict[tuple[str, str, int], int]:
+        """Finished requests per (provider, connection, status) since the start (for /metrics)."""
+        return {
+            (provider, connection, code): n
+            for provider, ids in self.ids.items()
+            for connection in ids
+            for code, n in self.connections[connection].statuses.items()
+        }
+
+    def all_time(self, provider: str) -> list[float]:
+        """A provider's totals since the start (its connections' added up)."""
+        return _summed(s.all_time() for s in self.members.get(provider, ()))
 
     def p50_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
-        series = self.providers.get(provider)
+        series = self.members.get(provider)
         if series is None:
             return []
         current = int(now // BUCKET_MS)
-        series.advance(current)
+        for s in series:
+            s.advance(current)
         out: list[float | None] = []
         for b in range(current - min(buckets, SLOTS) + 1, current + 1):
-            slot = b % SLOTS
-            if series.bucket_of[slot] != b:
+            rows = [row for s in series if (row := s.bucket(b)) is not None]
+            if not rows:
                 out.append(None)
             else:
-                row = series.buckets[slot]
-                out.append(_quantile(row, LAT, row[REQUESTS], 0.5))
+                row = _summed(rows)
+                out.append(_quantile(row, LAT, count(row, LAT), 0.5))
         return out
 
 
-def _stats(series: _Series, window: int, bucket: int) -> StatsView:
-    row = series.window(window, bucket)
-    requests = round(row[REQUESTS])
+def _stats(row: list[float]) -> StatsView:
+    n = count(row, LAT)
+    requests = round(n)
     if requests <= 0:
         return StatsView(0, 0, None, None, None, None, None)
     errors = round(row[ERRORS])
@@ -701,9 +742,9 @@ def _stats(series: _Series, window: int, bucket: int) -> StatsView:
         requests,
         errors,
         round(errors / requests, 4),
-        _quantile(row, LAT, row[REQUESTS], 0.5),
-        _quantile(row, LAT, row[REQUESTS], 0.95),
-        _quantile(row, TTFT, row[TTFT_N], 0.5),
+        _quantile(row, LAT, n, 0.5),
+        _quantile(row, LAT, n, 0.95),
+        _quantile(row, TTFT, count(row, TTFT), 0.5),
         round(tokens * 1000 / ms, 1) if ms > 0 else None,
     )
 
@@ -728,9 +769,8 @@ def _quantile(row: list[float], start: int, count: float, q: float) -> float | N
     return None
 
 
-def histogram(series: _Series, start: int) -> tuple[list[tuple[str, float]], float]:
-    """(cumulative `le` buckets in seconds, sum in seconds) of an all-time histogram, for /metrics."""
-    total = series.total
+def histogram(total: list[float], start: int) -> tuple[list[tuple[str, float]], float]:
+    """(cumulative `le` buckets in seconds, sum in seconds) of an all-time row's histogram, for /metrics."""
     buckets: list[tuple[str, float]] = []
     seen = 0.0
     for i, edge in enumerate(LATENCY_EDGES_MS):
