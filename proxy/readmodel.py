@@ -245,7 +245,8 @@ class Observed(Protocol):
     def request_history(self) -> int: ...
     def alive_requests(self) -> list[RequestView]: ...
     def alive_count(self) -> int: ...
-    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]: ...
+    def finished_requests(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]: ...
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]: ...
     def stats(self, window: str, now: float) -> StatsReport: ...
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]: ...
 
@@ -618,10 +619,16 @@ class ReadModel:
     def alive_count(self) -> int:
         return len(self._trail.alive) if self._trail is not None else 0
 
-    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
-        """The records that ended since `mark` (0 at first), oldest first, and the next mark: a
-        reader keeps what it read, and asks each tick only for what is new."""
-        return self._trail.finished_since(mark) if self._trail is not None else ([], 0)
+    def finished_requests(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
+        """The records that ended since `mark` (0 at first; at most the newest `limit`), oldest
+        first, and the next mark: a reader keeps what it read, and asks each tick only for what
+        is new."""
+        return self._trail.finished_since(mark, limit) if self._trail is not None else ([], 0)
+
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]:
+        """The alive records whose state is not what `known` says (as views), and every alive
+        record's state now: a reader polling for changes builds views only for what moved."""
+        return self._trail.alive_changed(known) if self._trail is not None else ([], {})
 
     def request(self, request_id: str) -> RequestView | None:
         return self._trail.view(request_id) if self._trail is not None else None

@@ -377,17 +377,31 @@ class Trail:
         )
         return record.view() if record is not None else None
 
-    def finished_since(self, mark: int) -> tuple[list[RequestView], int]:
-        """The records that ended after a reader's `mark` (still in the ring), in end order, and the
-        new mark: a reader that keeps what it read builds each finished record's view once."""
+    def finished_since(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
+        """The records that ended after a reader's `mark` (still in the ring; at most the newest
+        `limit`), in end order, and the new mark: a reader that keeps what it read builds each
+        finished record's view once."""
         ring = self.ring
         count = min(self.finished - mark, len(ring))
+        if limit is not None:
+            count = min(count, limit)
         if count <= 0:
             return [], self.finished
         return [r.view() for r in islice(ring, len(ring) - count, None)], self.finished
 
     def alive_views(self) -> list[RequestView]:
         return [r.view() for r in self.alive.values()]
+
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]:
+        """Views of the alive records whose state is not the one a reader `known` for them, and
+        every alive record's state now (the reader's next `known`): views only for what moved."""
+        states = {}
+        changed = []
+        for request_id, record in self.alive.items():
+            state = states[request_id] = record.state
+            if known.get(request_id) != state:
+                changed.append(record.view())
+        return changed, states
 
     def views(
         self, *, after: int = 0, limit: int | None = None, state: str | None = None
