@@ -1,8 +1,10 @@
 """The live settings document: one declarative schema, strict atomic validation, typed views.
 
-Every tunable of the resilience layers is one `FieldSpec` in `SCHEMA`. Defaults, validation, the
-TUI cards and the CLI help are all read from that one table, so a range is written down once.
-Wire names are camelCase (`providerBreaker.apikey.failureThreshold`), as in OmniRoute's API.
+Every tunable of the resilience layers is one `FieldSpec` in `SCHEMA`, derived from one field of
+the layer's policy dataclass (`BreakerPolicy`, `LockoutSettings`...), where its default, range and
+help are written (`proxy/resilience/tunable.py`). Validation, the API, the TUI cards, the CLI help
+and the docs' tables all read `SCHEMA`, so a default or a range is written down once. Wire names
+are the fields' in camelCase (`providerBreaker.apikey.failureThreshold`), as in OmniRoute's API.
 
 A change is strict and atomic: `Settings.patch()` deep-merges a partial document into a copy,
 checks every touched field (type, range) and every cross-field rule on the *merged* result, and
@@ -20,23 +22,26 @@ once per document version and cached, so calling them per request costs a dict l
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from proxy import untrusted
+from proxy.resilience.breaker import DEFAULT_BREAKER_POLICIES, BreakerPolicy
 from proxy.resilience.clock import Clock, SystemClock
+from proxy.resilience.cooldown import DEFAULT_COOLDOWN_POLICIES, CooldownPolicy
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.events import Event
+from proxy.resilience.limiter import QueueSettings
+from proxy.resilience.lockout import LockoutSettings
 from proxy.resilience.outcome import PROVIDER_CLASSES, ProviderClass
+from proxy.resilience.tunable import HELP, MAX, MIN, is_tunable, tunable
+from proxy.resilience.watchdog import WatchdogSettings
 
 if TYPE_CHECKING:
-    from proxy.resilience.breaker import BreakerPolicy
-    from proxy.resilience.cooldown import CooldownPolicy
-    from proxy.resilience.limiter import QueueSettings
-    from proxy.resilience.lockout import LockoutSettings
-    from proxy.resilience.watchdog import WatchdogSettings
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "ENV_OVERRIDES",
@@ -48,6 +53,7 @@ __all__ = [
     "FieldSpec",
     "OrderRule",
     "QuotaShareSettings",
+    "SessionAffinitySettings",
     "Settings",
     "SettingsChange",
     "StaleSettingsChange",
@@ -151,118 +157,178 @@ def _in_range(value: int, low: int | None, high: int | None) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The schema: one row per leaf, in the order the API returns them and the cards show them.
+# The policies of the sections no layer module owns (the others live with their layers).
+
+
+@dataclass(frozen=True, slots=True)
+class ComboWaitSettings:
+    enabled: bool = dataclasses.field(
+        default=True,
+        metadata=tunable(
+            help="Wait out short cooldowns instead of answering 429 when every target is cooling"
+        ),
+    )
+    max_wait_ms: int = dataclasses.field(
+        default=90_000,
+        metadata=tunable(
+            min=0, max=300_000, help="Longest single wait for a target to recover (0 = never wait)"
+        ),
+    )
+    max_attempts: int = dataclasses.field(
+        default=5, metadata=tunable(min=0, max=10, help="Waits per request before giving up (0 = never wait)")
+    )
+    budget_ms: int = dataclasses.field(
+        default=300_000,
+        metadata=tunable(
+            min=0, max=300_000, help="Total waiting allowed per request (at least maxWaitMs; 0 = never wait)"
+        ),
+    )
+
+    @property
+    def active(self) -> bool:
+        """Either limit at 0 turns waiting off, whatever `enabled` says."""
+        return self.enabled and self.max_wait_ms > 0 and self.max_attempts > 0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaShareSettings:
+    enabled: bool = dataclasses.field(
+        default=True,
+        metadata=tunable(help="Hold requests to a connection with max_concurrent to that many in flight"),
+    )
+    queue_depth: int = dataclasses.field(
+        default=20,
+        metadata=tunable(
+            min=0,
+            max=100,
+            help="Requests waiting for a slot before the next one goes ahead without (fail-open)",
+        ),
+    )
+    queue_timeout_ms: int = dataclasses.field(
+        default=30_000,
+        metadata=tunable(
+            min=0, max=600_000, help="Longest wait for a slot before going ahead without one (fail-open)"
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAffinitySettings:
+    ttl_ms: int = dataclasses.field(
+        default=0,
+        metadata=tunable(
+            min=0, max=86_400_000, help="How long a client session stays pinned to one connection (0 = off)"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The schema: one row per leaf, in the order the API returns them and the cards show them. Each
+# row is derived from a field of a layer's policy dataclass (`proxy/resilience/tunable.py`): the
+# default, the range and the help are written there, once; the wire name is the field's in camelCase.
 
 _CLASS_LABEL: dict[ProviderClass, str] = {"oauth": "OAuth", "apikey": "API-key", "local": "local"}
 _A_CLASS: dict[ProviderClass, str] = {"oauth": "an OAuth", "apikey": "an API-key", "local": "a local"}
 """The label with its article: "a" or "an" goes by the sound of the word, which no rule on letters gets right."""
-_COOLDOWN_DEFAULTS: dict[ProviderClass, tuple[int, int, bool]] = {
-    "oauth": (5000, 8, False),
-    "apikey": (3000, 5, True),
-    "local": (2000, 3, False),
+
+
+_P = TypeVar("_P", bound="DataclassInstance")
+
+
+@dataclass(frozen=True, slots=True)
+class _PolicySection(Generic[_P]):
+    """One section of the document and the policy dataclass it is read into."""
+
+    prefix: str
+    policy: type[_P]
+    per_class: ProviderClass | None = None
+    """For a policy whose defaults differ by provider class: whose defaults (`DEFAULT_..._POLICIES`)."""
+    order: tuple[str, ...] | None = None
+    """The fields in the order the API and the cards show them, when it is not the dataclass's own."""
+
+    def fields(self) -> list[dataclasses.Field[Any]]:
+        by_name = {f.name: f for f in dataclasses.fields(self.policy) if is_tunable(f)}
+        return [by_name[name] for name in self.order] if self.order else list(by_name.values())
+
+    def default(self, f: dataclasses.Field[Any]) -> object:
+        if self.per_class is None:
+            return f.default
+        return getattr(_PER_CLASS_DEFAULTS[self.policy][self.per_class], f.name)
+
+    def specs(self) -> list[FieldSpec]:
+        specs = []
+        for f in self.fields():
+            default = self.default(f)
+            help_text: str = f.metadata[HELP]
+            if self.per_class is not None:
+                help_text = help_text.format(who=_CLASS_LABEL[self.per_class], a_who=_A_CLASS[self.per_class])
+            path = f"{self.prefix}.{_camel(f.name)}"
+            specs.append(
+                FieldSpec(path, _kind(default), default, f.metadata[MIN], f.metadata[MAX], help_text)
+            )
+        return specs
+
+    def view(self, doc: Mapping[str, Any]) -> _P:
+        """The section of a document as its policy dataclass (a list becomes a tuple: views are frozen)."""
+        section = _get_section(doc, self.prefix)
+        values = {f.name: section[_camel(f.name)] for f in self.fields()}
+        return self.policy(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+_PER_CLASS_DEFAULTS: dict[type[Any], Mapping[ProviderClass, object]] = {
+    BreakerPolicy: DEFAULT_BREAKER_POLICIES,
+    CooldownPolicy: DEFAULT_COOLDOWN_POLICIES,
 }
-_BREAKER_DEFAULTS: dict[ProviderClass, tuple[int, int, int]] = {
-    "oauth": (8, 5, 60000),
-    "apikey": (12, 7, 30000),
-    "local": (2, 1, 15000),
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _kind(default: object) -> Kind:
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, int):
+        return "int"
+    assert isinstance(default, tuple), "a setting is a bool, an int or a tuple of ints"
+    return "int_list"
+
+
+def _get_section(doc: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    node: Any = doc
+    for part in prefix.split("."):
+        node = node[part]
+    return cast(Mapping[str, Any], node)
+
+
+# The breaker's dataclass keeps its positional order (degradation first), while the card and the API
+# read "opens at" before "degraded at".
+_BREAKER_ORDER = ("failure_threshold", "degradation_threshold", "reset_timeout_ms")
+
+_QUEUE = _PolicySection("requestQueue", QueueSettings)
+_COOLDOWN = {c: _PolicySection(f"connectionCooldown.{c}", CooldownPolicy, c) for c in PROVIDER_CLASSES}
+_BREAKER = {
+    c: _PolicySection(f"providerBreaker.{c}", BreakerPolicy, c, _BREAKER_ORDER) for c in PROVIDER_CLASSES
 }
+_COMBO_WAIT = _PolicySection("comboCooldownWait", ComboWaitSettings)
+_QUOTA_SHARE = _PolicySection("quotaShareConcurrencyLimit", QuotaShareSettings)
+_WATCHDOG = _PolicySection("streamRecovery.throughputWatchdog", WatchdogSettings)
+_SESSION_AFFINITY = _PolicySection("sessionAffinity", SessionAffinitySettings)
+_LOCKOUT = _PolicySection("modelLockout", LockoutSettings)
 
-
-def _request_queue() -> list[FieldSpec]:
-    p = "requestQueue."
-    return [
-        FieldSpec(p + "autoEnableApiKeyProviders", "bool", True, None, None,
-                  "Turn the request queue on for every API-key connection"),
-        FieldSpec(p + "requestsPerMinute", "int", 100, 1, 1_000_000,
-                  "Requests each provider connection may start per minute"),
-        FieldSpec(p + "minTimeBetweenRequestsMs", "int", 200, 0, 3_600_000,
-                  "Minimum gap between two dispatches on one connection"),
-        FieldSpec(p + "concurrentRequests", "int", 10, 1, 10_000,
-                  "Requests in flight at once per connection"),
-        FieldSpec(p + "maxWaitMs", "int", 15000, 1, 30000,
-                  "Execution deadline from dispatch to response headers (504 past it)"),
-        FieldSpec(p + "maxQueueDepth", "int", 0, 0, 100_000,
-                  "Queued requests per connection before 429 RATE_LIMIT_QUEUE_FULL (0 = unbounded)"),
-    ]  # fmt: skip
-
-
-def _connection_cooldown(cls: ProviderClass) -> list[FieldSpec]:
-    p = f"connectionCooldown.{cls}."
-    base, steps, hints = _COOLDOWN_DEFAULTS[cls]
-    who, a_who = _CLASS_LABEL[cls], _A_CLASS[cls]
-    return [
-        FieldSpec(p + "baseCooldownMs", "int", base, 0, 86_400_000,
-                  f"First cooldown of a failing {who} connection, doubled per level (0 = never cool)"),
-        FieldSpec(p + "maxBackoffSteps", "int", steps, 0, 32,
-                  f"Highest backoff level of {a_who} connection (cooldown <= base * 2^steps)"),
-        FieldSpec(p + "useUpstreamRetryHints", "bool", hints, None, None,
-                  f"Let Retry-After and rate-limit reset hints set {who} cooldowns"),
-    ]  # fmt: skip
-
-
-def _provider_breaker(cls: ProviderClass) -> list[FieldSpec]:
-    p = f"providerBreaker.{cls}."
-    opens, degraded, reset = _BREAKER_DEFAULTS[cls]
-    who, a_who = _CLASS_LABEL[cls], _A_CLASS[cls]
-    return [
-        FieldSpec(p + "failureThreshold", "int", opens, 1, 1000,
-                  f"Net failures that open {a_who} provider's breaker"),
-        FieldSpec(p + "degradationThreshold", "int", degraded, 1, 1000,
-                  f"Net failures that mark {a_who} provider DEGRADED (below failureThreshold)"),
-        FieldSpec(p + "resetTimeoutMs", "int", reset, 1000, 86_400_000,
-                  f"How long an open {who} breaker blocks before a probe (x2 per cycle after 3, up to x16)"),
-    ]  # fmt: skip
-
-
-def _the_rest() -> list[FieldSpec]:
-    return [
-        FieldSpec("comboCooldownWait.enabled", "bool", True, None, None,
-                  "Wait out short cooldowns instead of answering 429 when every target is cooling"),
-        FieldSpec("comboCooldownWait.maxWaitMs", "int", 90000, 0, 300000,
-                  "Longest single wait for a target to recover (0 = never wait)"),
-        FieldSpec("comboCooldownWait.maxAttempts", "int", 5, 0, 10,
-                  "Waits per request before giving up (0 = never wait)"),
-        FieldSpec("comboCooldownWait.budgetMs", "int", 300000, 0, 300000,
-                  "Total waiting allowed per request (at least maxWaitMs; 0 = never wait)"),
-        FieldSpec("quotaShareConcurrencyLimit.enabled", "bool", True, None, None,
-                  "Hold requests to a connection with max_concurrent to that many in flight"),
-        FieldSpec("quotaShareConcurrencyLimit.queueDepth", "int", 20, 0, 100,
-                  "Requests waiting for a slot before the next one goes ahead without (fail-open)"),
-        FieldSpec("quotaShareConcurrencyLimit.queueTimeoutMs", "int", 30000, 0, 600000,
-                  "Longest wait for a slot before going ahead without one (fail-open)"),
-        FieldSpec("streamRecovery.throughputWatchdog.enabled", "bool", False, None, None,
-                  "Abort streams whose useful output is slower than the minimum rate"),
-        FieldSpec("streamRecovery.throughputWatchdog.warmupMs", "int", 30000, 0, 600000,
-                  "Grace period after the stream starts before the watchdog judges"),
-        FieldSpec("streamRecovery.throughputWatchdog.windowMs", "int", 30000, 1000, 600000,
-                  "Rolling window over which the useful-byte rate is measured"),
-        FieldSpec("streamRecovery.throughputWatchdog.minUsefulBytesPerSecond", "int", 4, 1, 1_000_000,
-                  "Lowest acceptable assistant-text rate over the window"),
-        FieldSpec("streamRecovery.throughputWatchdog.minUsefulBytes", "int", 1, 1, 1_000_000,
-                  "Smallest amount of assistant text the window must hold"),
-        FieldSpec("sessionAffinity.ttlMs", "int", 0, 0, 86_400_000,
-                  "How long a client session stays pinned to one connection (0 = off)"),
-        FieldSpec("modelLockout.enabled", "bool", False, None, None,
-                  "Lock a failing model on one connection instead of the whole connection"),
-        FieldSpec("modelLockout.errorCodes", "int_list", (403, 404, 429, 502, 503, 504), 100, 599,
-                  "Upstream statuses that lock the model (empty = the defaults)"),
-        FieldSpec("modelLockout.baseCooldownMs", "int", 120000, 5000, 600000,
-                  "First lockout of a failing model"),
-        FieldSpec("modelLockout.maxCooldownMs", "int", 1_800_000, 5000, 3_600_000,
-                  "Cap on an escalated lockout (at least baseCooldownMs)"),
-        FieldSpec("modelLockout.maxBackoffSteps", "int", 10, 0, 20,
-                  "Doublings of the lockout for repeated failures"),
-        FieldSpec("modelLockout.useExponentialBackoff", "bool", True, None, None,
-                  "Double the lockout for each repeated failure (off: always baseCooldownMs)"),
-    ]  # fmt: skip
-
-
-SCHEMA: tuple[FieldSpec, ...] = (
-    *_request_queue(),
-    *(spec for cls in PROVIDER_CLASSES for spec in _connection_cooldown(cls)),
-    *(spec for cls in PROVIDER_CLASSES for spec in _provider_breaker(cls)),
-    *_the_rest(),
+_POLICY_SECTIONS: tuple[_PolicySection[Any], ...] = (
+    _QUEUE,
+    *_COOLDOWN.values(),
+    *_BREAKER.values(),
+    _COMBO_WAIT,
+    _QUOTA_SHARE,
+    _WATCHDOG,
+    _SESSION_AFFINITY,
+    _LOCKOUT,
 )
+
+SCHEMA: tuple[FieldSpec, ...] = tuple(spec for section in _POLICY_SECTIONS for spec in section.specs())
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "resilience": (
@@ -350,30 +416,6 @@ ORDER_RULES: tuple[OrderRule, ...] = (
     OrderRule("comboCooldownWait.maxWaitMs", "comboCooldownWait.budgetMs", False, zero_exempt=True),
     OrderRule("modelLockout.baseCooldownMs", "modelLockout.maxCooldownMs", False),
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed views defined here (the other layers' policy classes live with their layers).
-
-
-@dataclass(frozen=True, slots=True)
-class ComboWaitSettings:
-    enabled: bool
-    max_wait_ms: int
-    max_attempts: int
-    budget_ms: int
-
-    @property
-    def active(self) -> bool:
-        """Either limit at 0 turns waiting off, whatever `enabled` says."""
-        return self.enabled and self.max_wait_ms > 0 and self.max_attempts > 0
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaShareSettings:
-    enabled: bool
-    queue_depth: int
-    queue_timeout_ms: int
 
 
 def _no_emit(event: Event) -> None:
@@ -599,101 +641,32 @@ class Settings:
             return view
 
     def breaker_policy(self, cls: ProviderClass) -> BreakerPolicy:
-        return self._view(("breaker", cls), lambda doc: _breaker_policy(doc["providerBreaker"][cls]))
+        return self._policy(_BREAKER[cls])
 
     def cooldown_policy(self, cls: ProviderClass) -> CooldownPolicy:
-        return self._view(("cooldown", cls), lambda doc: _cooldown_policy(doc["connectionCooldown"][cls]))
+        return self._policy(_COOLDOWN[cls])
 
     def lockout(self) -> LockoutSettings:
-        return self._view("lockout", lambda doc: _lockout_settings(doc["modelLockout"]))
+        return self._policy(_LOCKOUT)
 
     def queue(self) -> QueueSettings:
-        return self._view("queue", lambda doc: _queue_settings(doc["requestQueue"]))
+        return self._policy(_QUEUE)
 
     def watchdog(self) -> WatchdogSettings:
-        return self._view(
-            "watchdog", lambda doc: _watchdog_settings(doc["streamRecovery"]["throughputWatchdog"])
-        )
+        return self._policy(_WATCHDOG)
 
     def combo_wait(self) -> ComboWaitSettings:
-        def build(doc: dict[str, Any]) -> ComboWaitSettings:
-            s = doc["comboCooldownWait"]
-            return ComboWaitSettings(s["enabled"], s["maxWaitMs"], s["maxAttempts"], s["budgetMs"])
-
-        return self._view("combo_wait", build)
+        return self._policy(_COMBO_WAIT)
 
     def quota_share(self) -> QuotaShareSettings:
-        def build(doc: dict[str, Any]) -> QuotaShareSettings:
-            s = doc["quotaShareConcurrencyLimit"]
-            return QuotaShareSettings(s["enabled"], s["queueDepth"], s["queueTimeoutMs"])
+        return self._policy(_QUOTA_SHARE)
 
-        return self._view("quota_share", build)
+    def _policy(self, section: _PolicySection[_P]) -> _P:
+        return self._view(section.prefix, section.view)
 
     def session_ttl_ms(self) -> int:
         ttl: int = self._version.doc["sessionAffinity"]["ttlMs"]
         return ttl
-
-
-# The layers' policy classes are imported when first built: those modules import nothing from
-# here, but importing them lazily keeps `proxy.settings` importable on its own (CLI help, tests).
-
-
-def _breaker_policy(s: Mapping[str, Any]) -> BreakerPolicy:
-    from proxy.resilience.breaker import BreakerPolicy
-
-    return BreakerPolicy(
-        degradation_threshold=s["degradationThreshold"],
-        failure_threshold=s["failureThreshold"],
-        reset_timeout_ms=s["resetTimeoutMs"],
-    )
-
-
-def _cooldown_policy(s: Mapping[str, Any]) -> CooldownPolicy:
-    from proxy.resilience.cooldown import CooldownPolicy
-
-    return CooldownPolicy(
-        base_cooldown_ms=s["baseCooldownMs"],
-        max_backoff_steps=s["maxBackoffSteps"],
-        use_upstream_retry_hints=s["useUpstreamRetryHints"],
-    )
-
-
-def _lockout_settings(s: Mapping[str, Any]) -> LockoutSettings:
-    from proxy.resilience.lockout import LockoutSettings
-
-    return LockoutSettings(
-        enabled=s["enabled"],
-        error_codes=tuple(s["errorCodes"]),
-        base_cooldown_ms=s["baseCooldownMs"],
-        max_cooldown_ms=s["maxCooldownMs"],
-        max_backoff_steps=s["maxBackoffSteps"],
-        use_exponential_backoff=s["useExponentialBackoff"],
-    )
-
-
-def _queue_settings(s: Mapping[str, Any]) -> QueueSettings:
-    from proxy.resilience.limiter import QueueSettings
-
-    return QueueSettings(
-        auto_enable_api_key_providers=s["autoEnableApiKeyProviders"],
-        requests_per_minute=s["requestsPerMinute"],
-        min_time_between_requests_ms=s["minTimeBetweenRequestsMs"],
-        concurrent_requests=s["concurrentRequests"],
-        max_wait_ms=s["maxWaitMs"],
-        max_queue_depth=s["maxQueueDepth"],
-    )
-
-
-def _watchdog_settings(s: Mapping[str, Any]) -> WatchdogSettings:
-    from proxy.resilience.watchdog import WatchdogSettings
-
-    return WatchdogSettings(
-        enabled=s["enabled"],
-        warmup_ms=s["warmupMs"],
-        window_ms=s["windowMs"],
-        min_useful_bytes_per_second=s["minUsefulBytesPerSecond"],
-        min_useful_bytes=s["minUsefulBytes"],
-    )
 
 
 # ---------------------------------------------------------------------------------------------
