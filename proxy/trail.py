@@ -11,6 +11,10 @@ Frozen `RequestView`s (proxy/readmodel.py) are built only when someone reads. Fi
 live in a ring of `server.request_history`; the alive ones in a dict beside it.
 
 Each finished request also goes to the traffic statistics (`proxy/traffic.py`).
+
+A little over 500 lines: a record, and the little it reads of an answer (the error's code and
+message, the token usage of a body or a stream's ends), kept together because what a record may
+read of an answer (never its content) is the record's rule.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ made-up names thus costs at most one upstream 404 per evicted name, and never cr
 that stand for real trouble (rate limits, server errors, forbidden models), which are never evicted.
 Every entry that leaves the table behind its caller's back (evicted, pruned, or not restored) is
 reported through `on_drop`, so the persisted copy forgets it too.
+
+Long on purpose (about 600 lines): the table's bounds (the `not_found` budget, eviction for room,
+pruning) are rules of the lockout, not another layer: they share the entries and the per-model
+index and must leave them consistent, so the table and its bounds are read together.
 """
 
 from __future__ import annotations
