@@ -6,19 +6,11 @@ bus as an `operator` event naming where it came from (`source`), so every observ
 
 from __future__ import annotations
 
-from proxy.engine.layers import Layers
+from proxy.engine.layers import EnginePart
 from proxy.resilience.events import Event
 
 
-class OperatorActions:
-    def __init__(self, layers: Layers) -> None:
-        self._layers = layers
-        self.clock = layers.clock
-        self.providers = layers.providers
-        self.connections = layers.connections
-        self.lockouts = layers.lockouts
-        self.dirty = layers.dirty
-
+class OperatorActions(EnginePart):
     def _operator(self, action: str, reason: str) -> None:
         self._layers.emit(Event(self.clock.now(), "operator", action, "", "", reason))
 

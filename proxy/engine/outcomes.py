@@ -9,7 +9,7 @@ probe's lease is kept alive here too, since only the attempt's owner knows it is
 from __future__ import annotations
 
 from proxy.engine.decisions import Attempt, Recorded
-from proxy.engine.layers import Layers
+from proxy.engine.layers import EnginePart, Layers
 from proxy.resilience.classify import BreakerEffect, ConnectionEffect, LockoutEffect, Verdict, classify
 from proxy.resilience.hints import parse_retry_hint
 from proxy.resilience.outcome import Outcome, OutcomeKind
@@ -17,14 +17,9 @@ from proxy.resilience.restate import restate
 from proxy.scrub import Scrubber
 
 
-class Outcomes:
+class Outcomes(EnginePart):
     def __init__(self, layers: Layers, scrubber: Scrubber) -> None:
-        self._layers = layers
-        self.clock = layers.clock
-        self.settings = layers.settings
-        self.lockouts = layers.lockouts
-        self.pins = layers.pins
-        self.dirty = layers.dirty
+        super().__init__(layers)
         self.scrubber = scrubber
 
     def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:

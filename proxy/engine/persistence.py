@@ -12,23 +12,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from proxy.engine.layers import Layers
+from proxy.engine.layers import EnginePart, Layers
 from proxy.resilience.breaker import CircuitBreaker
 from proxy.resilience.lockout import LockoutEntry
 from proxy.store import BadRecord, StateStore, StoredState
 
 
-class Persistence:
+class Persistence(EnginePart):
     def __init__(self, layers: Layers, store: StateStore) -> None:
-        self._layers = layers
+        super().__init__(layers)
         self.store = store
-        self.clock = layers.clock
-        self.settings = layers.settings
-        self.providers = layers.providers
-        self.connections = layers.connections
-        self.lockouts = layers.lockouts
-        self.pins = layers.pins
-        self.dirty = layers.dirty
 
     def restore(self, state: StoredState) -> None:
         """Load persisted state (at start, before traffic). Emits nothing.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from proxy.engine.decisions import Attempt, NoTarget, Skip
-from proxy.engine.layers import Layers
+from proxy.engine.layers import EnginePart, Layers
 from proxy.engine.specs import ConnectionRuntime, ProviderRuntime, Target
 from proxy.resilience.breaker import Admission, BreakerState
 from proxy.resilience.limiter import RequestLimiter
@@ -22,14 +22,9 @@ from proxy.resilience.lockout import NOT_FOUND
 PROBE_RECOVERY_ESTIMATE_MS = 1000.0
 
 
-class Routing:
+class Routing(EnginePart):
     def __init__(self, layers: Layers) -> None:
-        self.clock = layers.clock
-        self.settings = layers.settings
-        self.providers = layers.providers
-        self.connections = layers.connections
-        self.lockouts = layers.lockouts
-        self.pins = layers.pins
+        super().__init__(layers)
         self._round_robin: dict[str, int] = {}
 
     def select(
