@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from proxy.resilience.breaker import BreakerState
 from proxy.resilience.cooldown import TERMINAL_STATUSES
-from proxy.trail import COMPLETION, LAT, PROMPT, TTFT, histogram
+from proxy.traffic import COMPLETION, LAT, PROMPT, TTFT, histogram
 
 if TYPE_CHECKING:
     from proxy.runtime import Runtime

@@ -5,6 +5,14 @@ fall back on a fallback outcome, wait out short transient blocks (cooldown-aware
 with the statuses of docs/resilience.md#answers-when-nothing-can-serve when nothing is left.
 Streams are relayed chunk by chunk; before the first byte a failed attempt may still fall back,
 after it the stream ends with an error event.
+
+Long on purpose (about 1,200 lines): the attempt loop, the waits, the two ways a stream starts and
+the error answers all act on one request's state (its record, its progress, the `_AttemptScope`
+that must give back its queue place, slot and response on every path, however the request ends).
+Spread over modules, that "on every path" would be checked in files that each see only part of the
+paths. What is not about one request's path is already elsewhere: the wire APIs (`apis.py`), the
+body (`body.py`), the upstream client (`upstream.py`), the trail, the single-attempt routes
+(`passthrough.py`).
 """
 
 from __future__ import annotations

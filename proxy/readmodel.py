@@ -8,6 +8,11 @@ and the views are the shape a remote observer could be sent as they are.
 Reads are cheap and never scan more than they return: a view per provider or connection asked
 for, the counts the status line needs without building any, lockouts one triple at a time (the
 console keeps its own index of them, patched from lockout events).
+
+Long on purpose (about 900 lines): each view sits with its `to_api()` and with the function that
+reads that JSON back into the view (`breaker_view`, `connection_view`, `request_view`...), which
+the attached console uses. A field added to a view is then added to both directions in one place,
+and `tests/tui/test_attached.py` checks that they agree.
 """
 
 from __future__ import annotations

@@ -6,17 +6,8 @@ import json
 
 import pytest
 
-from proxy.trail import (
-    BUCKET_MS,
-    LAT,
-    TrafficStats,
-    count,
-    error_of,
-    messages_stream_usage,
-    span,
-    stream_usage,
-    usage_of,
-)
+from proxy.traffic import BUCKET_MS, LAT, TrafficStats, count
+from proxy.trail import error_of, messages_stream_usage, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
 
