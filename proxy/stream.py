@@ -67,6 +67,8 @@ REQUESTS_PER_TICK = 50
 """Finished records sent per 250 ms at most (200 a second), the newest: under heavy traffic a
 console shows the latest ones anyway, and every record costs the proxy a view and its JSON."""
 COUNTERS_S = 1.0
+WRITE_BATCH = 16
+"""Messages encoded and written to one client at a time before the loop serves others."""
 
 Payload = Callable[[], Any]
 
@@ -355,10 +357,16 @@ class StreamHub:
                     client.queue.clear()
                     yield self.snapshot().wire(instance)
                 if client.queue:
-                    # All that is waiting in one write: a console under heavy traffic is sent some
-                    # sixty messages a tick, and each write is a trip through the server's stack.
+                    # What is waiting goes out WRITE_BATCH messages a write (each write is a trip
+                    # through the server's stack; a console under heavy traffic is sent some sixty
+                    # messages a tick), and the loop serves the requests between two writes: the
+                    # encoding is never one long stall on the request path.
                     queue, client.queue = client.queue, deque()
-                    yield b"".join(m.wire(instance) for m in queue)
+                    while queue:
+                        batch = [queue.popleft() for _ in range(min(WRITE_BATCH, len(queue)))]
+                        yield b"".join(m.wire(instance) for m in batch)
+                        if queue:
+                            await asyncio.sleep(0)
                 if client.stale or self._closed:
                     continue
                 client.wake.clear()

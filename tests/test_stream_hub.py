@@ -103,3 +103,22 @@ async def test_counters_come_once_a_second_to_who_asks(monkeypatch: pytest.Monke
     assert set(data) == {"uptimeMs", "requests", "lockoutTable"}
     await messages.aclose()
     hub.close()
+
+
+async def test_a_long_queue_goes_out_in_batches_with_the_loop_served_between() -> None:
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"event"}))
+    await drain(messages, 2)  # retry, snapshot
+    for n in range(2 * stream.WRITE_BATCH + 3):
+        hub._publish("event", lambda n=n: {"n": n})
+    first = await asyncio.wait_for(messages.__anext__(), 1)
+    served: list[str] = []
+    asyncio.get_running_loop().call_soon(served.append, "other work")
+    second = await asyncio.wait_for(messages.__anext__(), 1)
+    assert served == ["other work"]  # it ran before the second batch was encoded
+    third = await asyncio.wait_for(messages.__anext__(), 1)
+    sizes = [chunk.count(b"event: event") for chunk in (first, second, third)]
+    assert sizes == [stream.WRITE_BATCH, stream.WRITE_BATCH, 3]
+    await messages.aclose()
+    hub.close()
