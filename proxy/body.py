@@ -36,7 +36,7 @@ import orjson
 
 from proxy import untrusted
 
-__all__ = ["RequestBody", "is_json", "parse"]
+__all__ = ["RequestBody", "parse"]
 
 _WHITESPACE: Final = b" \t\n\r"
 _MODEL_KEY: Final = b'"model"'
@@ -60,20 +60,6 @@ def parse(raw: bytes) -> tuple[Any, bool]:
         return orjson.loads(raw), False
     except orjson.JSONDecodeError:
         return untrusted.loads(raw), True
-
-
-def is_json(raw: bytes) -> bool:
-    """Does `raw` hold a JSON document (as the strict standard parser reads JSON)?"""
-    try:
-        orjson.loads(raw)
-        return True
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        untrusted.loads(raw)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return False
-    return True
 
 
 class RequestBody:

@@ -7,10 +7,19 @@ errors), so the operator can fix them all at once.
 
 Schema (docs/configuration.md): `[server]`, `[providers.<id>]` with `[[providers.<id>.connections]]`,
 `[[providers.<id>.restate]]` and `[providers.<id>.headers]`, `[combos.<name>]`, and `[state]`.
+
+Long on purpose (about 1,000 lines): the dataclasses, their reader and the starter file are one
+file format, and most of the reader is checks that belong to one key each (ids, hosts, origins,
+URLs, APIs, restatement rules, the references between providers, connections and combos), each
+with a message naming the file, the key, the line and what it accepts. The reader takes from the
+dataclasses what they already say (a table's keys, a key's default); a reader driven wholly by
+their fields was weighed and left: only the plain integers and booleans are generic, while every
+other key's check and message would move away from the key into metadata.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import ipaddress
@@ -22,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
@@ -30,6 +39,9 @@ import platformdirs
 from proxy.apis import API_NAMES, AUTH_STYLES, DEFAULT_APIS, AuthStyle, builtin_apis
 from proxy.resilience.outcome import ProviderClass
 from proxy.resilience.restate import RestatementRule, rule_from_config
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ComboStrategy = Literal["priority", "round-robin"]
 
@@ -552,6 +564,18 @@ def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
+# A table's keys are its dataclass's fields, and a key's default is the field's: written once, in
+# the dataclass. The checks stay per key, since each has its own message (see the module's opening).
+
+
+def _keys_of(cls: type[DataclassInstance], *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in but)
+
+
+def _defaults_of(cls: type[DataclassInstance]) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
 class _Reader:
     """Walks the parsed TOML document, building dataclasses and collecting every problem on the way.
 
@@ -661,7 +685,7 @@ class _Reader:
 
     def state(self, t: Mapping[str, Any]) -> StateConfig:
         w = "state"
-        self.keys(t, w, ("backend", "key_prefix"))
+        self.keys(t, w, _keys_of(StateConfig))
         d = StateConfig()
         backend = self.str_(t, w, "backend") or d.backend
         problem = state_backend_problem(backend)
@@ -674,23 +698,7 @@ class _Reader:
 
     def server(self, t: Mapping[str, Any], combos: Mapping[str, Any]) -> ServerConfig:
         w = "server"
-        self.keys(
-            t,
-            w,
-            (
-                "host",
-                "port",
-                "management_token",
-                "api_keys",
-                "default_combo",
-                "connect_timeout_ms",
-                "first_byte_timeout_ms",
-                "idle_timeout_ms",
-                "allowed_hosts",
-                "allowed_origins",
-                "request_history",
-            ),
-        )
+        self.keys(t, w, _keys_of(ServerConfig))
         default_combo = self.str_(t, w, "default_combo")
         if default_combo is not None and default_combo not in combos:
             known = ", ".join(combos) or "none defined"
@@ -857,20 +865,7 @@ class _Reader:
 
     def connection(self, raw: object, w: str, pid: str, seen: dict[str, str]) -> ConnectionConfig:
         t = self.table(raw, w)
-        self.keys(
-            t,
-            w,
-            (
-                "id",
-                "name",
-                "api_key",
-                "api_key_env",
-                "priority",
-                "max_concurrent",
-                "enabled",
-                "disable_cooling",
-            ),
-        )
+        self.keys(t, w, _keys_of(ConnectionConfig, but=("provider",)))  # the table it sits in says that
         cid = self.str_(t, w, "id", required=True) or ""
         if cid:
             self.ident(cid, f"{w}.id", "connection id")
@@ -898,16 +893,17 @@ class _Reader:
         max_concurrent = None
         if "max_concurrent" in t:
             max_concurrent = self.int_(t, w, "max_concurrent", 1, 1, 10_000)
+        d = _defaults_of(ConnectionConfig)
         return ConnectionConfig(
             id=cid,
             provider=pid,
             name=self.name(t, w) or cid,
             api_key=resolved,
             api_key_env=api_key_env,
-            priority=self.int_(t, w, "priority", 100, 0, 1_000_000),
+            priority=self.int_(t, w, "priority", d["priority"], 0, 1_000_000),
             max_concurrent=max_concurrent,
-            enabled=self.bool_(t, w, "enabled", True),
-            disable_cooling=self.bool_(t, w, "disable_cooling", False),
+            enabled=self.bool_(t, w, "enabled", d["enabled"]),
+            disable_cooling=self.bool_(t, w, "disable_cooling", d["disable_cooling"]),
         )
 
     def restate(self, t: Mapping[str, Any], w: str) -> tuple[RestatementRule, ...]:

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from proxy.resilience.breaker import BreakerState
 from proxy.resilience.cooldown import TERMINAL_STATUSES
-from proxy.trail import COMPLETION, LAT, PROMPT, TTFT, histogram
+from proxy.traffic import COMPLETION, LAT, PROMPT, TTFT, histogram
 
 if TYPE_CHECKING:
     from proxy.runtime import Runtime
@@ -63,17 +63,18 @@ class _Collector(Collector):
         )
         if trail is not None:
             stats = trail.stats
-            for (provider, connection, code), n in sorted(stats.by_status.items()):
+            for (provider, connection, code), n in sorted(stats.by_status().items()):
                 requests.add_metric([provider, connection, str(code)], n)
             for code, n in sorted(stats.unrouted.items()):
                 requests.add_metric([NO_UPSTREAM, NO_UPSTREAM, str(code)], n)
-            for provider, series in stats.providers.items():
-                buckets, total = histogram(series, LAT)
+            for provider in stats.members:
+                all_time = stats.all_time(provider)
+                buckets, total = histogram(all_time, LAT)
                 duration.add_metric([provider], buckets, total)
-                buckets, total = histogram(series, TTFT)
+                buckets, total = histogram(all_time, TTFT)
                 ttft.add_metric([provider], buckets, total)
-                tokens.add_metric([provider, "prompt"], series.total[PROMPT])
-                tokens.add_metric([provider, "completion"], series.total[COMPLETION])
+                tokens.add_metric([provider, "prompt"], all_time[PROMPT])
+                tokens.add_metric([provider, "completion"], all_time[COMPLETION])
                 fallbacks.add_metric([provider], trail.fallbacks.get(provider, 0))
         yield from (requests, duration, ttft, tokens, fallbacks)
 

@@ -1,9 +1,12 @@
 """`GET /api/openapi.json`: the OpenAPI 3.1 description of every route this server answers.
 
-Written by hand, except the settings documents, which are built from `proxy.settings.SCHEMA` like
+Written by hand, except the settings documents, which are built from `proxy.schema.SCHEMA` like
 everything else that shows a setting (defaults and ranges included). `tests/integration/
 test_openapi.py` checks it against the real routes and validates real answers against its schemas,
 so it cannot drift from the code. The prose behind it is docs/api.md.
+
+Long on purpose (about 700 lines): one document describing every route and every answer's shape;
+it is as long as the API is wide, and a route's description is easiest to check beside the others.
 """
 
 from __future__ import annotations

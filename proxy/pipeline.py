@@ -5,6 +5,14 @@ fall back on a fallback outcome, wait out short transient blocks (cooldown-aware
 with the statuses of docs/resilience.md#answers-when-nothing-can-serve when nothing is left.
 Streams are relayed chunk by chunk; before the first byte a failed attempt may still fall back,
 after it the stream ends with an error event.
+
+Long on purpose (about 1,200 lines): the attempt loop, the waits, the two ways a stream starts and
+the error answers all act on one request's state (its record, its progress, the `_AttemptScope`
+that must give back its queue place, slot and response on every path, however the request ends).
+Spread over modules, that "on every path" would be checked in files that each see only part of the
+paths. What is not about one request's path is already elsewhere: the wire APIs (`apis.py`), the
+body (`body.py`), the upstream client (`upstream.py`), the trail, the single-attempt routes
+(`passthrough.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -37,7 +46,7 @@ from proxy.apis import (
     responses_sse_error,
     stream_error,
 )
-from proxy.body import RequestBody, is_json
+from proxy.body import RequestBody
 from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
@@ -445,11 +454,8 @@ class Pipeline:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
             claims_json = _claims_json(upstream.content_type)
-            if progress.record is not None:  # the trail reads the usage: parse it whole
-                parsed = _parsed(content) if claims_json else _NOT_JSON
-                garbled = claims_json and parsed is _NOT_JSON
-            else:  # nobody reads it: only check it is JSON, which builds no objects
-                parsed, garbled = _NOT_JSON, claims_json and not is_json(content)
+            parsed = _parsed(content) if claims_json else _NOT_JSON
+            garbled = claims_json and parsed is _NOT_JSON
             if garbled:
                 # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
                 # off) is no success: the client could not use it, so the next candidate is tried.
@@ -950,7 +956,13 @@ _NOT_JSON = object()
 
 
 def _parsed(content: bytes) -> object:
-    """The JSON document `content` holds, or _NOT_JSON."""
+    """The JSON document an answer holds, read as the clients' own libraries read it (NaN and
+    Infinity, as Python's json writes them, included), or _NOT_JSON. orjson first: it is fast
+    and refuses only what the standard parser may still read."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(content)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -967,8 +979,8 @@ def _request_id(request: Request) -> str:
 
 
 def _client(request: Request) -> str:
-    client = request.client
-    return client.host if client is not None else "unknown"
+    client = request.scope.get("client")  # (host, port); `request.client` builds a named tuple
+    return str(client[0]) if client else "unknown"
 
 
 def _ended(trail: Trail, record: RequestRecord, response: Response | None) -> None:

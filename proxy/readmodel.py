@@ -8,6 +8,11 @@ and the views are the shape a remote observer could be sent as they are.
 Reads are cheap and never scan more than they return: a view per provider or connection asked
 for, the counts the status line needs without building any, lockouts one triple at a time (the
 console keeps its own index of them, patched from lockout events).
+
+Long on purpose (about 900 lines): each view sits with its `to_api()` and with the function that
+reads that JSON back into the view (`breaker_view`, `connection_view`, `request_view`...), which
+the attached console uses. A field added to a view is then added to both directions in one place,
+and `tests/tui/test_attached.py` checks that they agree.
 """
 
 from __future__ import annotations
@@ -245,7 +250,8 @@ class Observed(Protocol):
     def request_history(self) -> int: ...
     def alive_requests(self) -> list[RequestView]: ...
     def alive_count(self) -> int: ...
-    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]: ...
+    def finished_requests(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]: ...
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]: ...
     def stats(self, window: str, now: float) -> StatsReport: ...
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]: ...
     # the state backend and the fleet (docs/fleet.md)
@@ -654,10 +660,16 @@ class ReadModel:
     def alive_count(self) -> int:
         return len(self._trail.alive) if self._trail is not None else 0
 
-    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
-        """The records that ended since `mark` (0 at first), oldest first, and the next mark: a
-        reader keeps what it read, and asks each tick only for what is new."""
-        return self._trail.finished_since(mark) if self._trail is not None else ([], 0)
+    def finished_requests(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
+        """The records that ended since `mark` (0 at first; at most the newest `limit`), oldest
+        first, and the next mark: a reader keeps what it read, and asks each tick only for what
+        is new."""
+        return self._trail.finished_since(mark, limit) if self._trail is not None else ([], 0)
+
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]:
+        """The alive records whose state is not what `known` says (as views), and every alive
+        record's state now: a reader polling for changes builds views only for what moved."""
+        return self._trail.alive_changed(known) if self._trail is not None else ([], {})
 
     def request(self, request_id: str) -> RequestView | None:
         return self._trail.view(request_id) if self._trail is not None else None

@@ -1,8 +1,7 @@
-"""The live settings document: one declarative schema, strict atomic validation, typed views.
+"""The live settings document: strict atomic validation, typed views, environment overrides.
 
-Every tunable of the resilience layers is one `FieldSpec` in `SCHEMA`. Defaults, validation, the
-TUI cards and the CLI help are all read from that one table, so a range is written down once.
-Wire names are camelCase (`providerBreaker.apikey.failureThreshold`), as in OmniRoute's API.
+What each setting is (path, type, default, range, help) is the schema, `proxy/schema.py`, derived
+from the layers' policy dataclasses; its names are re-exported here, where most readers look.
 
 A change is strict and atomic: `Settings.patch()` deep-merges a partial document into a copy,
 checks every touched field (type, range) and every cross-field rule on the *merged* result, and
@@ -21,17 +20,44 @@ once per document version and cached, so calling them per request costs a dict l
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from proxy import untrusted
 from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.events import Event
-from proxy.resilience.outcome import PROVIDER_CLASSES, ProviderClass
+from proxy.resilience.outcome import ProviderClass
+from proxy.schema import (
+    ALL_SECTIONS,
+    BREAKER,
+    BY_PATH,
+    COMBO_WAIT,
+    COOLDOWN,
+    INT_LIST_MAX_ITEMS,
+    LOCKOUT,
+    ORDER_RULES,
+    PARTS,
+    QUEUE,
+    QUOTA_SHARE,
+    SCHEMA,
+    SECTIONS,
+    TREE,
+    WATCHDOG,
+    ComboWaitSettings,
+    FieldSpec,
+    OrderRule,
+    PolicySection,
+    QuotaShareSettings,
+    SessionAffinitySettings,
+    defaults,
+    field,
+    set_path,
+)
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from proxy.resilience.breaker import BreakerPolicy
     from proxy.resilience.cooldown import CooldownPolicy
     from proxy.resilience.limiter import QueueSettings
@@ -48,6 +74,7 @@ __all__ = [
     "FieldSpec",
     "OrderRule",
     "QuotaShareSettings",
+    "SessionAffinitySettings",
     "Settings",
     "SettingsChange",
     "StaleSettingsChange",
@@ -56,331 +83,13 @@ __all__ = [
     "field",
 ]
 
-Kind = Literal["bool", "int", "int_list"]
-
-INT_LIST_MAX_ITEMS = 20
-"""An `int_list` holds at most this many items; an empty list means (is stored as) the default."""
-
-
-@dataclass(frozen=True, slots=True)
-class FieldSpec:
-    """One leaf of the settings document. For `int_list`, `min`/`max` bound each item."""
-
-    path: str
-    kind: Kind
-    default: object
-    min: int | None
-    max: int | None
-    help: str
-
-    @property
-    def name(self) -> str:
-        """The last path segment (`failureThreshold`), as shown in messages and card labels."""
-        return self.path.rsplit(".", 1)[-1]
-
-    def accepted(self) -> str:
-        """What the field accepts, in the words every error message uses."""
-        if self.kind == "bool":
-            return "true or false"
-        if self.kind == "int":
-            return f"an integer between {self.min} and {self.max}"
-        return f"a list of at most {INT_LIST_MAX_ITEMS} integers between {self.min} and {self.max}"
-
-    def check(self, value: object) -> tuple[object, str | None]:
-        """(normalised value, None) when valid, else (value, message naming the accepted range).
-
-        JSON types are taken literally: `1` is not a bool, `true`, `1.5`, `5.0` and `"5"` are not ints.
-        """
-        if self.kind == "bool":
-            return (value, None) if type(value) is bool else (value, "must be true or false")
-        if self.kind == "int":
-            if type(value) is int and _in_range(value, self.min, self.max):
-                return value, None
-            return value, f"must be {self.accepted()}"
-        if not isinstance(value, list | tuple):
-            return value, f"must be {self.accepted()}"
-        if not value:  # the card's "no codes" means "the defaults", never "lock nothing ever"
-            return list(self.default) if isinstance(self.default, tuple | list) else [], None
-        if len(value) > INT_LIST_MAX_ITEMS:
-            return value, f"must be {self.accepted()} (got {len(value)} items)"
-        for index, item in enumerate(value):
-            if type(item) is not int or not _in_range(item, self.min, self.max):
-                return value, f"must be {self.accepted()} (item {index} is {untrusted.echo(repr(item))})"
-        return list(value), None
-
-    def parse(self, text: str) -> object:
-        """Read a value typed on a command line or in an environment variable; ValueError if invalid.
-
-        `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`) for bools, decimal digits for ints,
-        comma-separated integers for lists (an empty string is the empty list, i.e. the default).
-        """
-        raw = text.strip()
-        parsed: object
-        if self.kind == "bool":
-            lowered = raw.lower()
-            if lowered in _TRUE_WORDS:
-                parsed = True
-            elif lowered in _FALSE_WORDS:
-                parsed = False
-            else:
-                raise ValueError(f"{self.path}: must be true or false (got {text!r})")
-        elif self.kind == "int":
-            parsed = _parse_int(raw, self, text)
-        else:
-            parsed = [_parse_int(part.strip(), self, text) for part in raw.split(",")] if raw else []
-        value, message = self.check(parsed)
-        if message is not None:
-            raise ValueError(f"{self.path}: {message}")
-        return value
-
-
-_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
-_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
-
-
-def _parse_int(raw: str, spec: FieldSpec, original: str) -> int:
-    # Only plain decimal digits: int() would also take "1_000" and " +5", which no form field shows.
-    digits = raw[1:] if raw.startswith("-") else raw
-    if not digits.isdecimal() or not digits.isascii():
-        raise ValueError(f"{spec.path}: must be {spec.accepted()} (got {original!r})")
-    return int(raw)
-
-
-def _in_range(value: int, low: int | None, high: int | None) -> bool:
-    return (low is None or value >= low) and (high is None or value <= high)
-
-
-# ---------------------------------------------------------------------------------------------
-# The schema: one row per leaf, in the order the API returns them and the cards show them.
-
-_CLASS_LABEL: dict[ProviderClass, str] = {"oauth": "OAuth", "apikey": "API-key", "local": "local"}
-_A_CLASS: dict[ProviderClass, str] = {"oauth": "an OAuth", "apikey": "an API-key", "local": "a local"}
-"""The label with its article: "a" or "an" goes by the sound of the word, which no rule on letters gets right."""
-_COOLDOWN_DEFAULTS: dict[ProviderClass, tuple[int, int, bool]] = {
-    "oauth": (5000, 8, False),
-    "apikey": (3000, 5, True),
-    "local": (2000, 3, False),
-}
-_BREAKER_DEFAULTS: dict[ProviderClass, tuple[int, int, int]] = {
-    "oauth": (8, 5, 60000),
-    "apikey": (12, 7, 30000),
-    "local": (2, 1, 15000),
-}
-
-
-def _request_queue() -> list[FieldSpec]:
-    p = "requestQueue."
-    return [
-        FieldSpec(p + "autoEnableApiKeyProviders", "bool", True, None, None,
-                  "Turn the request queue on for every API-key connection"),
-        FieldSpec(p + "requestsPerMinute", "int", 100, 1, 1_000_000,
-                  "Requests each provider connection may start per minute"),
-        FieldSpec(p + "minTimeBetweenRequestsMs", "int", 200, 0, 3_600_000,
-                  "Minimum gap between two dispatches on one connection"),
-        FieldSpec(p + "concurrentRequests", "int", 10, 1, 10_000,
-                  "Requests in flight at once per connection"),
-        FieldSpec(p + "maxWaitMs", "int", 15000, 1, 30000,
-                  "Execution deadline from dispatch to response headers (504 past it)"),
-        FieldSpec(p + "maxQueueDepth", "int", 0, 0, 100_000,
-                  "Queued requests per connection before 429 RATE_LIMIT_QUEUE_FULL (0 = unbounded)"),
-    ]  # fmt: skip
-
-
-def _connection_cooldown(cls: ProviderClass) -> list[FieldSpec]:
-    p = f"connectionCooldown.{cls}."
-    base, steps, hints = _COOLDOWN_DEFAULTS[cls]
-    who, a_who = _CLASS_LABEL[cls], _A_CLASS[cls]
-    return [
-        FieldSpec(p + "baseCooldownMs", "int", base, 0, 86_400_000,
-                  f"First cooldown of a failing {who} connection, doubled per level (0 = never cool)"),
-        FieldSpec(p + "maxBackoffSteps", "int", steps, 0, 32,
-                  f"Highest backoff level of {a_who} connection (cooldown <= base * 2^steps)"),
-        FieldSpec(p + "useUpstreamRetryHints", "bool", hints, None, None,
-                  f"Let Retry-After and rate-limit reset hints set {who} cooldowns"),
-    ]  # fmt: skip
-
-
-def _provider_breaker(cls: ProviderClass) -> list[FieldSpec]:
-    p = f"providerBreaker.{cls}."
-    opens, degraded, reset = _BREAKER_DEFAULTS[cls]
-    who, a_who = _CLASS_LABEL[cls], _A_CLASS[cls]
-    return [
-        FieldSpec(p + "failureThreshold", "int", opens, 1, 1000,
-                  f"Net failures that open {a_who} provider's breaker"),
-        FieldSpec(p + "degradationThreshold", "int", degraded, 1, 1000,
-                  f"Net failures that mark {a_who} provider DEGRADED (below failureThreshold)"),
-        FieldSpec(p + "resetTimeoutMs", "int", reset, 1000, 86_400_000,
-                  f"How long an open {who} breaker blocks before a probe (x2 per cycle after 3, up to x16)"),
-    ]  # fmt: skip
-
-
-def _the_rest() -> list[FieldSpec]:
-    return [
-        FieldSpec("comboCooldownWait.enabled", "bool", True, None, None,
-                  "Wait out short cooldowns instead of answering 429 when every target is cooling"),
-        FieldSpec("comboCooldownWait.maxWaitMs", "int", 90000, 0, 300000,
-                  "Longest single wait for a target to recover (0 = never wait)"),
-        FieldSpec("comboCooldownWait.maxAttempts", "int", 5, 0, 10,
-                  "Waits per request before giving up (0 = never wait)"),
-        FieldSpec("comboCooldownWait.budgetMs", "int", 300000, 0, 300000,
-                  "Total waiting allowed per request (at least maxWaitMs; 0 = never wait)"),
-        FieldSpec("quotaShareConcurrencyLimit.enabled", "bool", True, None, None,
-                  "Hold requests to a connection with max_concurrent to that many in flight"),
-        FieldSpec("quotaShareConcurrencyLimit.queueDepth", "int", 20, 0, 100,
-                  "Requests waiting for a slot before the next one goes ahead without (fail-open)"),
-        FieldSpec("quotaShareConcurrencyLimit.queueTimeoutMs", "int", 30000, 0, 600000,
-                  "Longest wait for a slot before going ahead without one (fail-open)"),
-        FieldSpec("streamRecovery.throughputWatchdog.enabled", "bool", False, None, None,
-                  "Abort streams whose useful output is slower than the minimum rate"),
-        FieldSpec("streamRecovery.throughputWatchdog.warmupMs", "int", 30000, 0, 600000,
-                  "Grace period after the stream starts before the watchdog judges"),
-        FieldSpec("streamRecovery.throughputWatchdog.windowMs", "int", 30000, 1000, 600000,
-                  "Rolling window over which the useful-byte rate is measured"),
-        FieldSpec("streamRecovery.throughputWatchdog.minUsefulBytesPerSecond", "int", 4, 1, 1_000_000,
-                  "Lowest acceptable assistant-text rate over the window"),
-        FieldSpec("streamRecovery.throughputWatchdog.minUsefulBytes", "int", 1, 1, 1_000_000,
-                  "Smallest amount of assistant text the window must hold"),
-        FieldSpec("sessionAffinity.ttlMs", "int", 0, 0, 86_400_000,
-                  "How long a client session stays pinned to one connection (0 = off)"),
-        FieldSpec("modelLockout.enabled", "bool", False, None, None,
-                  "Lock a failing model on one connection instead of the whole connection"),
-        FieldSpec("modelLockout.errorCodes", "int_list", (403, 404, 429, 502, 503, 504), 100, 599,
-                  "Upstream statuses that lock the model (empty = the defaults)"),
-        FieldSpec("modelLockout.baseCooldownMs", "int", 120000, 5000, 600000,
-                  "First lockout of a failing model"),
-        FieldSpec("modelLockout.maxCooldownMs", "int", 1_800_000, 5000, 3_600_000,
-                  "Cap on an escalated lockout (at least baseCooldownMs)"),
-        FieldSpec("modelLockout.maxBackoffSteps", "int", 10, 0, 20,
-                  "Doublings of the lockout for repeated failures"),
-        FieldSpec("modelLockout.useExponentialBackoff", "bool", True, None, None,
-                  "Double the lockout for each repeated failure (off: always baseCooldownMs)"),
-    ]  # fmt: skip
-
-
-SCHEMA: tuple[FieldSpec, ...] = (
-    *_request_queue(),
-    *(spec for cls in PROVIDER_CLASSES for spec in _connection_cooldown(cls)),
-    *(spec for cls in PROVIDER_CLASSES for spec in _provider_breaker(cls)),
-    *_the_rest(),
-)
-
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "resilience": (
-        "requestQueue",
-        "connectionCooldown",
-        "providerBreaker",
-        "comboCooldownWait",
-        "quotaShareConcurrencyLimit",
-        "streamRecovery",
-        "sessionAffinity",
-    ),
-    "settings": ("modelLockout",),
-}
-"""API group -> the top-level sections it serves (`/api/resilience`, `/api/settings`)."""
-
-_BY_PATH: dict[str, FieldSpec] = {spec.path: spec for spec in SCHEMA}
-_PARTS: dict[str, tuple[str, ...]] = {spec.path: tuple(spec.path.split(".")) for spec in SCHEMA}
-_ALL_SECTIONS: tuple[str, ...] = tuple(s for group in SECTIONS.values() for s in group)
-
-
-def _build_tree() -> dict[str, Any]:
-    """The schema as a nested dict whose leaves are FieldSpecs: the shape patches are walked against."""
-    tree: dict[str, Any] = {}
-    for spec in SCHEMA:
-        *parents, leaf = _PARTS[spec.path]
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = spec
-    return tree
-
-
-_TREE = _build_tree()
-assert set(_TREE) == set(_ALL_SECTIONS), "every schema section belongs to exactly one API group"
-
-
-def field(path: str) -> FieldSpec:
-    """The spec of one leaf, e.g. `field("providerBreaker.apikey.failureThreshold")`; KeyError if unknown."""
-    return _BY_PATH[path]
-
-
-def defaults() -> dict[str, Any]:
-    """The full nested document of every section of both groups, as a fresh copy."""
-    doc: dict[str, Any] = {}
-    for spec in SCHEMA:
-        default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
-        _set(doc, _PARTS[spec.path], default)
-    return doc
-
-
-# ---------------------------------------------------------------------------------------------
-# Cross-field rules: all of them say "low must stay below (or at most) high".
-
-
-@dataclass(frozen=True, slots=True)
-class OrderRule:
-    """`low < high` (strict) or `low <= high`; with `zero_exempt`, a 0 on either side waives it."""
-
-    low: str
-    high: str
-    strict: bool
-    zero_exempt: bool = False
-
-    def holds(self, low: int, high: int) -> bool:
-        if self.zero_exempt and (low == 0 or high == 0):
-            return True
-        return low < high if self.strict else low <= high
-
-    def message_for_low(self, high: int) -> str:
-        name = self.high.rsplit(".", 1)[-1]
-        text = f"must be lower than {name} ({high})" if self.strict else f"must be at most {name} ({high})"
-        return text + ", or 0" if self.zero_exempt else text
-
-    def message_for_high(self, low: int) -> str:
-        name = self.low.rsplit(".", 1)[-1]
-        text = f"must be greater than {name} ({low})" if self.strict else f"must be at least {name} ({low})"
-        return text + ", or 0" if self.zero_exempt else text
-
-
-ORDER_RULES: tuple[OrderRule, ...] = (
-    *(
-        OrderRule(f"providerBreaker.{c}.degradationThreshold", f"providerBreaker.{c}.failureThreshold", True)
-        for c in PROVIDER_CLASSES
-    ),
-    OrderRule("comboCooldownWait.maxWaitMs", "comboCooldownWait.budgetMs", False, zero_exempt=True),
-    OrderRule("modelLockout.baseCooldownMs", "modelLockout.maxCooldownMs", False),
-)
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed views defined here (the other layers' policy classes live with their layers).
-
-
-@dataclass(frozen=True, slots=True)
-class ComboWaitSettings:
-    enabled: bool
-    max_wait_ms: int
-    max_attempts: int
-    budget_ms: int
-
-    @property
-    def active(self) -> bool:
-        """Either limit at 0 turns waiting off, whatever `enabled` says."""
-        return self.enabled and self.max_wait_ms > 0 and self.max_attempts > 0
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaShareSettings:
-    enabled: bool
-    queue_depth: int
-    queue_timeout_ms: int
-
 
 def _no_emit(event: Event) -> None:
     pass
 
 
 _V = TypeVar("_V")
+_P = TypeVar("_P", bound="DataclassInstance")
 
 
 class StaleSettingsChange(RuntimeError):
@@ -439,7 +148,7 @@ class Settings:
         self._lock = threading.Lock()
         self._version = _Version(defaults())
         if values:
-            merged, errors = self._merge(values, _ALL_SECTIONS)
+            merged, errors = self._merge(values, ALL_SECTIONS)
             if errors:
                 raise SettingsError(errors)
             self._version = _Version(merged)
@@ -506,7 +215,7 @@ class Settings:
         if not isinstance(node, dict):
             raise KeyError(section)  # a single leaf is set with patch(), not "reset"
         patch: dict[str, Any] = {}
-        _set(patch, parts, node)
+        set_path(patch, parts, node)
         group = next(g for g, names in SECTIONS.items() if parts[0] in names)
         return self.prepare(patch, group, reason="reset")
 
@@ -569,7 +278,7 @@ class Settings:
         errors: list[FieldError] = []
         if not isinstance(patch, Mapping):
             return merged, [FieldError("", "must be an object")]
-        allowed = {name: _TREE[name] for name in sections}
+        allowed = {name: TREE[name] for name in sections}
         touched: list[str] = []
         _merge_into(merged, patch, allowed, "", touched, errors)
         bad = {error.field for error in errors}
@@ -599,101 +308,32 @@ class Settings:
             return view
 
     def breaker_policy(self, cls: ProviderClass) -> BreakerPolicy:
-        return self._view(("breaker", cls), lambda doc: _breaker_policy(doc["providerBreaker"][cls]))
+        return self._policy(BREAKER[cls])
 
     def cooldown_policy(self, cls: ProviderClass) -> CooldownPolicy:
-        return self._view(("cooldown", cls), lambda doc: _cooldown_policy(doc["connectionCooldown"][cls]))
+        return self._policy(COOLDOWN[cls])
 
     def lockout(self) -> LockoutSettings:
-        return self._view("lockout", lambda doc: _lockout_settings(doc["modelLockout"]))
+        return self._policy(LOCKOUT)
 
     def queue(self) -> QueueSettings:
-        return self._view("queue", lambda doc: _queue_settings(doc["requestQueue"]))
+        return self._policy(QUEUE)
 
     def watchdog(self) -> WatchdogSettings:
-        return self._view(
-            "watchdog", lambda doc: _watchdog_settings(doc["streamRecovery"]["throughputWatchdog"])
-        )
+        return self._policy(WATCHDOG)
 
     def combo_wait(self) -> ComboWaitSettings:
-        def build(doc: dict[str, Any]) -> ComboWaitSettings:
-            s = doc["comboCooldownWait"]
-            return ComboWaitSettings(s["enabled"], s["maxWaitMs"], s["maxAttempts"], s["budgetMs"])
-
-        return self._view("combo_wait", build)
+        return self._policy(COMBO_WAIT)
 
     def quota_share(self) -> QuotaShareSettings:
-        def build(doc: dict[str, Any]) -> QuotaShareSettings:
-            s = doc["quotaShareConcurrencyLimit"]
-            return QuotaShareSettings(s["enabled"], s["queueDepth"], s["queueTimeoutMs"])
+        return self._policy(QUOTA_SHARE)
 
-        return self._view("quota_share", build)
+    def _policy(self, section: PolicySection[_P]) -> _P:
+        return self._view(section.prefix, section.view)
 
     def session_ttl_ms(self) -> int:
         ttl: int = self._version.doc["sessionAffinity"]["ttlMs"]
         return ttl
-
-
-# The layers' policy classes are imported when first built: those modules import nothing from
-# here, but importing them lazily keeps `proxy.settings` importable on its own (CLI help, tests).
-
-
-def _breaker_policy(s: Mapping[str, Any]) -> BreakerPolicy:
-    from proxy.resilience.breaker import BreakerPolicy
-
-    return BreakerPolicy(
-        degradation_threshold=s["degradationThreshold"],
-        failure_threshold=s["failureThreshold"],
-        reset_timeout_ms=s["resetTimeoutMs"],
-    )
-
-
-def _cooldown_policy(s: Mapping[str, Any]) -> CooldownPolicy:
-    from proxy.resilience.cooldown import CooldownPolicy
-
-    return CooldownPolicy(
-        base_cooldown_ms=s["baseCooldownMs"],
-        max_backoff_steps=s["maxBackoffSteps"],
-        use_upstream_retry_hints=s["useUpstreamRetryHints"],
-    )
-
-
-def _lockout_settings(s: Mapping[str, Any]) -> LockoutSettings:
-    from proxy.resilience.lockout import LockoutSettings
-
-    return LockoutSettings(
-        enabled=s["enabled"],
-        error_codes=tuple(s["errorCodes"]),
-        base_cooldown_ms=s["baseCooldownMs"],
-        max_cooldown_ms=s["maxCooldownMs"],
-        max_backoff_steps=s["maxBackoffSteps"],
-        use_exponential_backoff=s["useExponentialBackoff"],
-    )
-
-
-def _queue_settings(s: Mapping[str, Any]) -> QueueSettings:
-    from proxy.resilience.limiter import QueueSettings
-
-    return QueueSettings(
-        auto_enable_api_key_providers=s["autoEnableApiKeyProviders"],
-        requests_per_minute=s["requestsPerMinute"],
-        min_time_between_requests_ms=s["minTimeBetweenRequestsMs"],
-        concurrent_requests=s["concurrentRequests"],
-        max_wait_ms=s["maxWaitMs"],
-        max_queue_depth=s["maxQueueDepth"],
-    )
-
-
-def _watchdog_settings(s: Mapping[str, Any]) -> WatchdogSettings:
-    from proxy.resilience.watchdog import WatchdogSettings
-
-    return WatchdogSettings(
-        enabled=s["enabled"],
-        warmup_ms=s["warmupMs"],
-        window_ms=s["windowMs"],
-        min_useful_bytes_per_second=s["minUsefulBytesPerSecond"],
-        min_useful_bytes=s["minUsefulBytes"],
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -720,11 +360,11 @@ def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> tuple[di
         if text is None or not text.strip():
             continue
         try:
-            value = _BY_PATH[path].parse(text)
+            value = BY_PATH[path].parse(text)
         except ValueError as exc:
             warnings.append(f"ignoring {name}={text!r}: {exc}")
             continue
-        _set(result, _PARTS[path], value)
+        set_path(result, PARTS[path], value)
     return result, warnings
 
 
@@ -734,7 +374,7 @@ def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> tuple[di
 
 def _sections_of(group: str | None) -> tuple[str, ...]:
     if group is None:
-        return _ALL_SECTIONS
+        return ALL_SECTIONS
     try:
         return SECTIONS[group]
     except KeyError:
@@ -769,16 +409,9 @@ def _merge_into(
 
 def _get(doc: Mapping[str, Any], path: str) -> Any:
     node: Any = doc
-    for part in _PARTS[path]:
+    for part in PARTS[path]:
         node = node[part]
     return node
-
-
-def _set(doc: dict[str, Any], parts: Iterable[str], value: object) -> None:
-    *parents, leaf = parts
-    for part in parents:
-        doc = doc.setdefault(part, {})
-    doc[leaf] = value
 
 
 def _copy(node: Any) -> Any:

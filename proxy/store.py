@@ -18,6 +18,11 @@ Two write paths, because they have different promises:
 Crash safety comes from SQLite itself: WAL plus one transaction per batch, so after `kill -9` the
 database holds exactly the last committed batch. Blocking calls (`load`, `save_settings`, `flush`,
 `close`) belong at startup / shutdown or in `asyncio.to_thread`, never on the event loop.
+
+Long on purpose (about 800 lines): the interface and both implementations, most of it the SQLite
+store's one mechanism (the write-behind batch, its writer thread, the merge-back of a failed batch
+and the failure log that keeps one failure from flooding the log). A shared backend is being added
+beside it (issue #17); splitting the implementations into a package belongs with that change.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
+
 from proxy import untrusted
 from proxy.readmodel import ReadModel, triple_of
 from proxy.resilience.events import Event, EventBus
@@ -65,6 +67,8 @@ REQUESTS_PER_TICK = 50
 """Finished records sent per 250 ms at most (200 a second), the newest: under heavy traffic a
 console shows the latest ones anyway, and every record costs the proxy a view and its JSON."""
 COUNTERS_S = 1.0
+WRITE_BATCH = 16
+"""Messages encoded and written to one client at a time before the loop serves others."""
 
 Payload = Callable[[], Any]
 
@@ -83,7 +87,11 @@ class Message:
     def wire(self, instance: str) -> bytes:
         if self._wire is None:
             assert self._payload is not None
-            data = untrusted.dumps(self._payload())  # one line: JSON escapes every line break
+            payload = self._payload()
+            try:  # one line either way: JSON escapes every line break
+                data = orjson.dumps(payload)
+            except TypeError:  # orjson refuses a lone surrogate (and a few other things)
+                data = untrusted.dumps(payload)
             self._wire = b"id: %s-%d\nevent: %s\ndata: %s\n\n" % (
                 instance.encode(),
                 self.seq,
@@ -249,8 +257,8 @@ class StreamHub:
             # back from before now must start over.
             self._requests_gap = self._seq + 1
         self._requests_version = read.requests_version
-        _, self._finished_mark = read.finished_requests(self._finished_mark)
-        self._alive_states = {r.id: r.state for r in read.alive_requests()}
+        _, self._finished_mark = read.finished_requests(self._finished_mark, 0)
+        _, self._alive_states = read.alive_changed({})
         self._requests_due = asyncio.get_running_loop().call_later(COALESCE_S, self._poll_requests)
 
     def _watch_counters(self) -> None:
@@ -276,15 +284,12 @@ class StreamHub:
         version = read.requests_version
         if version != self._requests_version:
             self._requests_version = version
-            finished, self._finished_mark = read.finished_requests(self._finished_mark)
-            states: dict[str, str] = {}
-            for view in read.alive_requests():
-                states[view.id] = view.state
-                if self._alive_states.get(view.id) != view.state:
-                    self._publish("request", view.to_api)
-            for view in finished[-REQUESTS_PER_TICK:]:
+            finished, self._finished_mark = read.finished_requests(self._finished_mark, REQUESTS_PER_TICK)
+            changed, self._alive_states = read.alive_changed(self._alive_states)
+            for view in changed:
                 self._publish("request", view.to_api)
-            self._alive_states = states
+            for view in finished:
+                self._publish("request", view.to_api)
         self._requests_due = asyncio.get_running_loop().call_later(COALESCE_S, self._poll_requests)
 
     def snapshot(self) -> Message:
@@ -351,8 +356,17 @@ class StreamHub:
                     client.stale = False
                     client.queue.clear()
                     yield self.snapshot().wire(instance)
-                while client.queue and not client.stale:
-                    yield client.queue.popleft().wire(instance)
+                if client.queue:
+                    # What is waiting goes out WRITE_BATCH messages a write (each write is a trip
+                    # through the server's stack; a console under heavy traffic is sent some sixty
+                    # messages a tick), and the loop serves the requests between two writes: the
+                    # encoding is never one long stall on the request path.
+                    queue, client.queue = client.queue, deque()
+                    while queue:
+                        batch = [queue.popleft() for _ in range(min(WRITE_BATCH, len(queue)))]
+                        yield b"".join(m.wire(instance) for m in batch)
+                        if queue:
+                            await asyncio.sleep(0)
                 if client.stale or self._closed:
                     continue
                 client.wake.clear()

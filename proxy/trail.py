@@ -1,5 +1,5 @@
-"""The request trail and the traffic statistics: what each `/v1` request went through, kept beside
-the engine (which stays pure) and fed by the pipeline.
+"""The request trail: what each `/v1` request went through, kept beside the engine (which stays
+pure) and fed by the pipeline.
 
 Recording is on the request path, so it is cheap by construction: a record is one mutable slotted
 object per request, its state an attribute write; an attempt, a skip or a wait appends one frozen
@@ -10,17 +10,16 @@ answer is kept, ever: the usage numbers are all that is read from an answer.
 Frozen `RequestView`s (proxy/readmodel.py) are built only when someone reads. Finished records
 live in a ring of `server.request_history`; the alive ones in a dict beside it.
 
-The statistics (`TrafficStats`) keep per provider and per connection a ring of 5-second buckets
-(15 minutes) and running totals per window (1, 5 and 15 minutes): a request adds to its bucket
-and to each window's totals, and a bucket leaving a window is subtracted from it, so a read
-never scans records or buckets. Latencies are counted in fixed histogram bins (the same ones
-`/metrics` exposes); percentiles are interpolated within a bin.
+Each finished request also goes to the traffic statistics (`proxy/traffic.py`).
+
+A little over 500 lines: a record, and the little it reads of an answer (the error's code and
+message, the token usage of a body or a stream's ends), kept together because what a record may
+read of an answer (never its content) is the record's rule.
 """
 
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -28,13 +27,10 @@ from itertools import islice
 from proxy.config import REQUEST_HISTORY
 from proxy.engine import Attempt, Engine, NoTarget, Skip, Target
 from proxy.readmodel import (
-    WINDOWS,
     AttemptOutcome,
     AttemptView,
     RequestView,
     SkipView,
-    StatsReport,
-    StatsView,
     UsageView,
     WaitView,
 )
@@ -42,6 +38,7 @@ from proxy.resilience.classify import Verdict
 from proxy.resilience.clock import Clock
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import Outcome, OutcomeKind
+from proxy.traffic import TrafficStats, Usage
 
 MESSAGE_LIMIT = 200
 """The most of an error message a record keeps."""
@@ -62,8 +59,6 @@ def span(ms: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-Usage = tuple[int | None, int | None, int | None]
-"""(prompt, completion, total) tokens, as `UsageView` holds them."""
 AttemptRow = tuple[str, str, str, float, float, int | None, AttemptOutcome, str]
 """An attempt as the record keeps it: `AttemptView`'s fields, in order."""
 
@@ -159,7 +154,9 @@ class Trail:
         """Bumped on every change a reader could see (a new record, a state, an end)."""
         self.finished = 0
         """Records ended so far: a reader's mark for `finished_since`."""
-        self.stats = TrafficStats(list(engine.providers), list(engine.connections))
+        self.stats = TrafficStats(
+            {p: [c.spec.id for c in provider.connections] for p, provider in engine.providers.items()}
+        )
         self.fallbacks: dict[str, int] = {}
         """Attempts that fell back, per provider (for /metrics)."""
 
@@ -190,7 +187,9 @@ class Trail:
         (it can no longer fall back)."""
         kind = outcome.kind
         result: AttemptOutcome
-        if kind is OutcomeKind.CLIENT_DISCONNECT:
+        if status is not None and 200 <= status < 300 and outcome.is_success:  # the common case first
+            result, reason = "ok", "ok"
+        elif kind is OutcomeKind.CLIENT_DISCONNECT:
             result, reason = "disconnect", "the client went away"
         elif kind is OutcomeKind.LOCAL_REJECTION:
             result, reason = "local", _short(outcome.error, REASON_LIMIT)
@@ -373,17 +372,31 @@ class Trail:
         )
         return record.view() if record is not None else None
 
-    def finished_since(self, mark: int) -> tuple[list[RequestView], int]:
-        """The records that ended after a reader's `mark` (still in the ring), in end order, and the
-        new mark: a reader that keeps what it read builds each finished record's view once."""
+    def finished_since(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
+        """The records that ended after a reader's `mark` (still in the ring; at most the newest
+        `limit`), in end order, and the new mark: a reader that keeps what it read builds each
+        finished record's view once."""
         ring = self.ring
         count = min(self.finished - mark, len(ring))
+        if limit is not None:
+            count = min(count, limit)
         if count <= 0:
             return [], self.finished
         return [r.view() for r in islice(ring, len(ring) - count, None)], self.finished
 
     def alive_views(self) -> list[RequestView]:
         return [r.view() for r in self.alive.values()]
+
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]:
+        """Views of the alive records whose state is not the one a reader `known` for them, and
+        every alive record's state now (the reader's next `known`): views only for what moved."""
+        states = {}
+        changed = []
+        for request_id, record in self.alive.items():
+            state = states[request_id] = record.state
+            if known.get(request_id) != state:
+                changed.append(record.view())
+        return changed, states
 
     def views(
         self, *, after: int = 0, limit: int | None = None, state: str | None = None
@@ -510,244 +523,11 @@ def messages_stream_usage(head: bytes, tail: bytes) -> Usage | None:
     return (prompt, completion, total)
 
 
-# -- statistics ---------------------------------------------------------------------------------------
-
-BUCKET_MS = 5000
-"""The statistics' resolution: a window is its current bucket plus whole ones before it."""
-SLOTS = max(WINDOWS.values()) // BUCKET_MS
-LATENCY_EDGES_MS: tuple[float, ...] = (
-    5, 10, 25, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 4000, 5000,
-    7500, 10_000, 15_000, 20_000, 30_000, 45_000, 60_000, 90_000, 120_000, 180_000, 300_000,
-)  # fmt: skip
-"""Upper bounds of the latency (and TTFT) histogram bins; one more bin holds everything above."""
-_BINS = len(LATENCY_EDGES_MS) + 1
-
-# The layout of one bucket, one window's totals and the all-time totals: a flat list of numbers.
-REQUESTS, ERRORS, STREAM_TOKENS, STREAM_MS, PROMPT, COMPLETION, LAT_SUM, TTFT_SUM, TTFT_N = range(9)
-LAT = 9
-TTFT = LAT + _BINS
-_WIDTH = TTFT + _BINS
-
-
-class _Series:
-    """One provider's or connection's buckets and window totals.
-
-    A request adds to two rows only: its bucket and the all-time totals. Each window's totals hold
-    its *closed* buckets: a bucket is added to them when it closes (the first request or read of
-    a later bucket) and subtracted when it leaves the window; a read adds the current bucket.
-    """
-
-    __slots__ = ("bucket_of", "buckets", "current", "last", "total", "windows")
-
-    def __init__(self) -> None:
-        self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
-        self.bucket_of = [-1] * SLOTS
-        """The bucket number each slot holds (-1: none)."""
-        self.windows = [[0.0] * _WIDTH for _ in _SPANS]
-        self.total = [0.0] * _WIDTH
-        """Since the start (for /metrics' counters and histograms)."""
-        self.last = -1
-        self.current = self.buckets[0]
-        """The row of bucket `last`."""
-
-    def advance(self, bucket: int) -> None:
-        last = self.last
-        if bucket <= last:
-            return
-        buckets, bucket_of, windows = self.buckets, self.bucket_of, self.windows
-        if last < 0 or bucket - last > SLOTS:
-            for row in windows:
-                row[:] = [0.0] * _WIDTH
-            bucket_of[:] = [-1] * SLOTS
-        else:
-            for b in range(last + 1, bucket + 1):
-                closed = b - 1
-                slot = closed % SLOTS
-                if bucket_of[slot] == closed:
-                    new = buckets[slot]
-                    for totals in windows:
-                        for i in range(_WIDTH):
-                            totals[i] += new[i]
-                for spans, totals in zip(_SPANS, windows, strict=True):
-                    gone = b - spans
-                    slot = gone % SLOTS
-                    if bucket_of[slot] == gone:
-                        old = buckets[slot]
-                        for i in range(_WIDTH):
-                            totals[i] -= old[i]
-        # Slots skipped over hold stale buckets: their numbers tell, and they are reset when their
-        # number comes round.
-        slot = bucket % SLOTS
-        if bucket_of[slot] != bucket:
-            buckets[slot] = [0.0] * _WIDTH
-            bucket_of[slot] = bucket
-        self.current = buckets[slot]
-        self.last = bucket
-
-    def window(self, w: int, bucket: int) -> list[float]:
-        """Window `w`'s totals as of `bucket` (the current bucket included)."""
-        self.advance(bucket)
-        closed = self.windows[w]
-        if self.last != bucket:  # a bucket before the last one: nothing of now to add
-            return closed
-        return [a + b for a, b in zip(closed, self.current, strict=True)]
-
-
-_SPANS = tuple(ms // BUCKET_MS for ms in WINDOWS.values())
-_WINDOW_INDEX = {name: i for i, name in enumerate(WINDOWS)}
-
-
-class TrafficStats:
-    """Per provider and per connection, over the windows of WINDOWS, kept as requests end."""
-
-    def __init__(self, providers: Sequence[str], connections: Sequence[str]) -> None:
-        self.providers = {p: _Series() for p in providers}
-        self.connections = {c: _Series() for c in connections}
-        self.by_status: dict[tuple[str, str, int], int] = {}
-        """Finished requests per (provider, connection, status) since the start (for /metrics)."""
-        self.unrouted: dict[int, int] = {}
-        """Finished requests that reached no upstream, per status."""
-
-    def add(
-        self,
-        provider: str,
-        connection: str,
-        now: float,
-        duration_ms: float,
-        error: bool,
-        status: int | None,
-        ttft_ms: float | None,
-        usage: Usage | None,
-        generation_ms: float | None,
-    ) -> None:
-        lat = LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)
-        first = TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms) if ttft_ms is not None else -1
-        prompt = completion = 0
-        if usage is not None:
-            prompt, completion = usage[0] or 0, usage[1] or 0
-        stream_ms = generation_ms if completion and generation_ms is not None and generation_ms > 0 else 0.0
-        bucket = int(now // BUCKET_MS)
-        for series in (self.providers.get(provider), self.connections.get(connection)):
-            if series is None:
-                continue
-            if bucket != series.last:
-                series.advance(bucket)
-            for row in (series.current, series.total):
-                row[REQUESTS] += 1
-                row[LAT_SUM] += duration_ms
-                row[lat] += 1
-                if error:
-                    row[ERRORS] += 1
-                if first >= 0:
-                    row[TTFT_SUM] += ttft_ms or 0.0
-                    row[TTFT_N] += 1
-                    row[first] += 1
-                if prompt:
-                    row[PROMPT] += prompt
-                if completion:
-                    row[COMPLETION] += completion
-                    if stream_ms:
-                        row[STREAM_TOKENS] += completion
-                        row[STREAM_MS] += stream_ms
-        key = (provider, connection, status or 0)
-        self.by_status[key] = self.by_status.get(key, 0) + 1
-
-    def add_unrouted(self, status: int | None) -> None:
-        key = status or 0
-        self.unrouted[key] = self.unrouted.get(key, 0) + 1
-
-    def report(self, window: str, now: float) -> StatsReport:
-        w = _WINDOW_INDEX[window]
-        bucket = int(now // BUCKET_MS)
-        return StatsReport(
-            window,
-            {p: _stats(s, w, bucket) for p, s in self.providers.items()},
-            {c: _stats(s, w, bucket) for c, s in self.connections.items()},
-        )
-
-    def one(self, provider: str | None, connection: str | None, window: str, now: float) -> StatsView | None:
-        series = (
-            self.providers.get(provider or "") if connection is None else self.connections.get(connection)
-        )
-        if series is None:
-            return None
-        return _stats(series, _WINDOW_INDEX[window], int(now // BUCKET_MS))
-
-    def p50_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
-        series = self.providers.get(provider)
-        if series is None:
-            return []
-        current = int(now // BUCKET_MS)
-        series.advance(current)
-        out: list[float | None] = []
-        for b in range(current - min(buckets, SLOTS) + 1, current + 1):
-            slot = b % SLOTS
-            if series.bucket_of[slot] != b:
-                out.append(None)
-            else:
-                row = series.buckets[slot]
-                out.append(_quantile(row, LAT, row[REQUESTS], 0.5))
-        return out
-
-
-def _stats(series: _Series, window: int, bucket: int) -> StatsView:
-    row = series.window(window, bucket)
-    requests = round(row[REQUESTS])
-    if requests <= 0:
-        return StatsView(0, 0, None, None, None, None, None)
-    errors = round(row[ERRORS])
-    tokens, ms = row[STREAM_TOKENS], row[STREAM_MS]
-    return StatsView(
-        requests,
-        errors,
-        round(errors / requests, 4),
-        _quantile(row, LAT, row[REQUESTS], 0.5),
-        _quantile(row, LAT, row[REQUESTS], 0.95),
-        _quantile(row, TTFT, row[TTFT_N], 0.5),
-        round(tokens * 1000 / ms, 1) if ms > 0 else None,
-    )
-
-
-def _quantile(row: list[float], start: int, count: float, q: float) -> float | None:
-    """The q-quantile of the histogram at row[start:start+_BINS], interpolated within its bin."""
-    if count < 0.5:
-        return None
-    rank = q * count
-    seen = 0.0
-    for i in range(_BINS):
-        n = row[start + i]
-        if n <= 0:
-            continue
-        if seen + n >= rank:
-            low = LATENCY_EDGES_MS[i - 1] if i > 0 else 0.0
-            if i >= len(LATENCY_EDGES_MS):
-                return float(low)
-            high = LATENCY_EDGES_MS[i]
-            return round(low + (high - low) * (rank - seen) / n, 1)
-        seen += n
-    return None
-
-
-def histogram(series: _Series, start: int) -> tuple[list[tuple[str, float]], float]:
-    """(cumulative `le` buckets in seconds, sum in seconds) of an all-time histogram, for /metrics."""
-    total = series.total
-    buckets: list[tuple[str, float]] = []
-    seen = 0.0
-    for i, edge in enumerate(LATENCY_EDGES_MS):
-        seen += total[start + i]
-        buckets.append((repr(edge / 1000), seen))
-    seen += total[start + len(LATENCY_EDGES_MS)]
-    buckets.append(("+Inf", seen))
-    return buckets, total[LAT_SUM if start == LAT else TTFT_SUM] / 1000
-
-
 __all__ = [
     "EventCounts",
     "RequestRecord",
-    "TrafficStats",
     "Trail",
     "error_of",
-    "histogram",
     "messages_stream_usage",
     "span",
     "stream_usage",

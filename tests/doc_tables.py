@@ -206,7 +206,7 @@ LIMITS: dict[str, tuple[Limit, ...]] = {
         Limit("cap on the reset timeout's growth", BREAKER, "MAX_TIMEOUT_MULTIPLIER_EXPONENT", _times,
               _power_of_two),
         Limit("transitions each breaker keeps for the console's detail pane", BREAKER, "HISTORY_SIZE", _count),
-        Limit("Retry-After estimate while a HALF_OPEN probe is in flight", "proxy.engine",
+        Limit("Retry-After estimate while a HALF_OPEN probe is in flight", "proxy.engine.routing",
               "PROBE_RECOVERY_ESTIMATE_MS", _ms),
         Limit("longest upstream retry hint believed", "proxy.resilience.hints", "MAX_HINT_MS", _ms),
         Limit("lockout escalation window after a lock ends", LOCKOUT, "ESCALATION_GRACE_MS", _ms),

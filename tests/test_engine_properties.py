@@ -339,7 +339,14 @@ class EngineUnderOverlap(RuleBasedStateMachine):
         for pid, provider in self.engine.providers.items():
             breaker = provider.breaker
             ticket = breaker.probe_ticket
-            owners = [o for o in self.open if o.attempt.probe and o.attempt.probe_ticket == ticket and ticket]
+            owners = [
+                o
+                for o in self.open
+                if o.attempt.provider is provider
+                and o.attempt.probe
+                and o.attempt.probe_ticket == ticket
+                and ticket
+            ]
             assert len(owners) <= 1, pid
             slot_taken = breaker.state(now) is BreakerState.HALF_OPEN and not breaker.can_execute(now)
             if slot_taken:

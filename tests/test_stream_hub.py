@@ -8,7 +8,9 @@ import json
 import pytest
 
 from proxy import stream
+from proxy.readmodel import RequestView
 from proxy.runtime import Runtime
+from proxy.trail import RequestRecord
 from tests.tui.snapshot_app import build_runtime
 
 
@@ -34,9 +36,12 @@ def kinds_of(wire: list[bytes]) -> list[str]:
 
 
 async def drain(messages: object, count: int) -> list[bytes]:
-    got = []
-    for _ in range(count):
-        got.append(await asyncio.wait_for(messages.__anext__(), 1))  # type: ignore[attr-defined]
+    """The next `count` SSE messages (one write may carry several)."""
+    got: list[bytes] = []
+    while len(got) < count:
+        chunk = await asyncio.wait_for(messages.__anext__(), 1)  # type: ignore[attr-defined]
+        got.extend(m + b"\n\n" for m in chunk.split(b"\n\n") if m)
+    assert len(got) == count, f"{len(got)} messages, expected {count}"
     return got
 
 
@@ -47,7 +52,17 @@ async def test_finished_records_are_sent_newest_first_up_to_the_cap(monkeypatch:
     messages = hub.messages(None, frozenset({"request"}))
     await drain(messages, 2)  # retry, snapshot
     ids = finish(runtime, 5)
+    built = 0
+    view = RequestRecord.view
+
+    def counted(record: RequestRecord) -> RequestView:
+        nonlocal built
+        built += 1
+        return view(record)
+
+    monkeypatch.setattr(RequestRecord, "view", counted)
     hub._poll_requests()  # one tick's worth, at once
+    assert built == 2  # views (and their JSON) only for what is sent, not for the three older ones
     sent = await drain(messages, 2)
     assert kinds_of(sent) == ["request", "request"]
     assert [json.loads(chunk.split(b"data: ", 1)[1])["id"] for chunk in sent] == ids[-2:]
@@ -86,5 +101,24 @@ async def test_counters_come_once_a_second_to_who_asks(monkeypatch: pytest.Monke
     data = json.loads(chunk.split(b"data: ", 1)[1])
     assert data == runtime.read.counters_api()
     assert set(data) == {"uptimeMs", "requests", "lockoutTable", "stateBackend"}
+    await messages.aclose()
+    hub.close()
+
+
+async def test_a_long_queue_goes_out_in_batches_with_the_loop_served_between() -> None:
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"event"}))
+    await drain(messages, 2)  # retry, snapshot
+    for n in range(2 * stream.WRITE_BATCH + 3):
+        hub._publish("event", lambda n=n: {"n": n})
+    first = await asyncio.wait_for(messages.__anext__(), 1)
+    served: list[str] = []
+    asyncio.get_running_loop().call_soon(served.append, "other work")
+    second = await asyncio.wait_for(messages.__anext__(), 1)
+    assert served == ["other work"]  # it ran before the second batch was encoded
+    third = await asyncio.wait_for(messages.__anext__(), 1)
+    sizes = [chunk.count(b"event: event") for chunk in (first, second, third)]
+    assert sizes == [stream.WRITE_BATCH, stream.WRITE_BATCH, 3]
     await messages.aclose()
     hub.close()

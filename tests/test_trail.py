@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from proxy.trail import BUCKET_MS, TrafficStats, error_of, messages_stream_usage, span, stream_usage, usage_of
+from proxy.traffic import BUCKET_MS, LAT, TrafficStats, count
+from proxy.trail import error_of, messages_stream_usage, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
 
 
 def stats() -> TrafficStats:
-    return TrafficStats(["p"], ["c"])
+    return TrafficStats({"p": ["c"]})
 
 
 def add(s: TrafficStats, at: float, ms: float, *, error: bool = False, ttft: float | None = None) -> None:
@@ -40,7 +41,24 @@ def test_a_jump_past_every_window_starts_over_but_keeps_the_totals() -> None:
     add(s, T0, 100)
     add(s, T0 + 3 * 3600_000, 100)
     assert s.report("15m", T0 + 3 * 3600_000).providers["p"].requests == 1
-    assert s.providers["p"].total[0] == 2
+    assert count(s.all_time("p"), LAT) == 2
+
+
+def test_a_providers_figures_are_its_connections_added_up() -> None:
+    s = TrafficStats({"p": ["a", "b"], "q": ["c"]})
+    s.add("p", "a", T0, 100, False, 200, None, (3, 4, 7), None)
+    s.add("p", "b", T0 + BUCKET_MS, 300, True, 500, None, None, None)
+    s.add("q", "c", T0, 50, False, 200, None, None, None)
+    now = T0 + BUCKET_MS
+    report = s.report("1m", now)
+    p = report.providers["p"]
+    assert (p.requests, p.errors) == (2, 1)
+    assert (report.connections["a"].requests, report.connections["b"].requests) == (1, 1)
+    assert report.providers["q"].requests == 1
+    # all time: a closed bucket (a's) and an open one (b's) both count, once
+    assert count(s.all_time("p"), LAT) == 2 and count(s.all_time("q"), LAT) == 1
+    series = s.p50_series("p", now, 2)
+    assert series[0] is not None and series[1] is not None and series[0] < series[1]
 
 
 def test_percentiles_are_interpolated_within_their_bins() -> None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import PROVIDER_CLASSES, ProviderClass
+from proxy.resilience.tunable import tunable
 
 
 class BreakerState(Enum):
@@ -37,9 +38,22 @@ class BreakerState(Enum):
 
 @dataclass(frozen=True, slots=True)
 class BreakerPolicy:
-    degradation_threshold: int
-    failure_threshold: int
-    reset_timeout_ms: int
+    # Defaults differ by provider class: DEFAULT_BREAKER_POLICIES below.
+    degradation_threshold: int = field(
+        metadata=tunable(
+            min=1, max=1000, help="Net failures that mark {a_who} provider DEGRADED (below failureThreshold)"
+        )
+    )
+    failure_threshold: int = field(
+        metadata=tunable(min=1, max=1000, help="Net failures that open {a_who} provider's breaker")
+    )
+    reset_timeout_ms: int = field(
+        metadata=tunable(
+            min=1000,
+            max=86_400_000,
+            help="How long an open {who} breaker blocks before a probe (x2 per cycle after 3, up to x16)",
+        )
+    )
 
 
 DEFAULT_BREAKER_POLICIES: dict[ProviderClass, BreakerPolicy] = {

@@ -10,11 +10,12 @@ simply reads as `active`, so no timer ever runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import ProviderClass
+from proxy.resilience.tunable import tunable
 from proxy.scrub import scrub_shapes
 
 ConnectionStatus = Literal["active", "cooling", "banned", "expired", "credits_exhausted", "disabled"]
@@ -31,11 +32,24 @@ _TERMINAL: dict[str, TerminalStatus] = {
 
 @dataclass(frozen=True, slots=True)
 class CooldownPolicy:
-    base_cooldown_ms: int
+    # Defaults differ by provider class: DEFAULT_COOLDOWN_POLICIES below.
+    base_cooldown_ms: int = field(
+        metadata=tunable(
+            min=0,
+            max=86_400_000,
+            help="First cooldown of a failing {who} connection, doubled per level (0 = never cool)",
+        )
+    )
     """First cooldown; 0 turns cooling off for the class (errors are still recorded)."""
-    max_backoff_steps: int
+    max_backoff_steps: int = field(
+        metadata=tunable(
+            min=0, max=32, help="Highest backoff level of {a_who} connection (cooldown <= base * 2^steps)"
+        )
+    )
     """Highest backoff level, so the longest cooldown is base * 2 ** max_backoff_steps."""
-    use_upstream_retry_hints: bool
+    use_upstream_retry_hints: bool = field(
+        metadata=tunable(help="Let Retry-After and rate-limit reset hints set {who} cooldowns")
+    )
     """Let an upstream hint (Retry-After and friends) replace the computed cooldown."""
 
 

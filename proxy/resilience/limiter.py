@@ -34,11 +34,12 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from proxy.resilience.clock import Clock, sleep_until, timeout_at
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
+from proxy.resilience.tunable import tunable
 
 T = TypeVar("T")
 
@@ -47,12 +48,34 @@ _RATE_WINDOW_MS = 60_000.0
 
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
-    auto_enable_api_key_providers: bool = True
-    requests_per_minute: int = 100
-    min_time_between_requests_ms: int = 200
-    concurrent_requests: int = 10
-    max_wait_ms: int = 15_000
-    max_queue_depth: int = 0
+    auto_enable_api_key_providers: bool = field(
+        default=True, metadata=tunable(help="Turn the request queue on for every API-key connection")
+    )
+    requests_per_minute: int = field(
+        default=100,
+        metadata=tunable(min=1, max=1_000_000, help="Requests each provider connection may start per minute"),
+    )
+    min_time_between_requests_ms: int = field(
+        default=200,
+        metadata=tunable(min=0, max=3_600_000, help="Minimum gap between two dispatches on one connection"),
+    )
+    concurrent_requests: int = field(
+        default=10, metadata=tunable(min=1, max=10_000, help="Requests in flight at once per connection")
+    )
+    max_wait_ms: int = field(
+        default=15_000,
+        metadata=tunable(
+            min=1, max=30_000, help="Execution deadline from dispatch to response headers (504 past it)"
+        ),
+    )
+    max_queue_depth: int = field(
+        default=0,
+        metadata=tunable(
+            min=0,
+            max=100_000,
+            help="Queued requests per connection before 429 RATE_LIMIT_QUEUE_FULL (0 = unbounded)",
+        ),
+    )
     """0 = unbounded."""
 
 

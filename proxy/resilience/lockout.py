@@ -16,6 +16,10 @@ made-up names thus costs at most one upstream 404 per evicted name, and never cr
 that stand for real trouble (rate limits, server errors, forbidden models), which are never evicted.
 Every entry that leaves the table behind its caller's back (evicted, pruned, or not restored) is
 reported through `on_drop`, so the persisted copy forgets it too.
+
+Long on purpose (about 600 lines): the table's bounds (the `not_found` budget, eviction for room,
+pruning) are rules of the lockout, not another layer: they share the entries and the per-model
+index and must leave them consistent, so the table and its bounds are read together.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.resilience.events import Event
+from proxy.resilience.tunable import tunable
 
 DEFAULT_LOCKOUT_ERROR_CODES: tuple[int, ...] = (403, 404, 429, 502, 503, 504)
 ESCALATION_GRACE_MS = 30 * 60 * 1000
@@ -48,15 +53,35 @@ UNLOCKED = "unlocked"
 
 @dataclass(frozen=True, slots=True)
 class LockoutSettings:
-    """The Model Lockout card. Validation of the accepted ranges belongs to the settings layer."""
+    """The Model Lockout card. The ranges are declared here; the settings layer enforces them."""
 
-    enabled: bool = False
-    error_codes: tuple[int, ...] = DEFAULT_LOCKOUT_ERROR_CODES
+    enabled: bool = field(
+        default=False,
+        metadata=tunable(help="Lock a failing model on one connection instead of the whole connection"),
+    )
+    error_codes: tuple[int, ...] = field(
+        default=DEFAULT_LOCKOUT_ERROR_CODES,
+        metadata=tunable(
+            min=100, max=599, help="Upstream statuses that lock the model (empty = the defaults)"
+        ),
+    )
     """An empty tuple means the default list."""
-    base_cooldown_ms: int = 120_000
-    max_cooldown_ms: int = 1_800_000
-    max_backoff_steps: int = 10
-    use_exponential_backoff: bool = True
+    base_cooldown_ms: int = field(
+        default=120_000, metadata=tunable(min=5000, max=600_000, help="First lockout of a failing model")
+    )
+    max_cooldown_ms: int = field(
+        default=1_800_000,
+        metadata=tunable(
+            min=5000, max=3_600_000, help="Cap on an escalated lockout (at least baseCooldownMs)"
+        ),
+    )
+    max_backoff_steps: int = field(
+        default=10, metadata=tunable(min=0, max=20, help="Doublings of the lockout for repeated failures")
+    )
+    use_exponential_backoff: bool = field(
+        default=True,
+        metadata=tunable(help="Double the lockout for each repeated failure (off: always baseCooldownMs)"),
+    )
 
     def counts(self, status: int) -> bool:
         """Does this status lock the triple? Only when the master switch is on and it is listed."""

@@ -27,17 +27,38 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+
+from proxy.resilience.tunable import tunable
 
 
 @dataclass(frozen=True, slots=True)
 class WatchdogSettings:
-    enabled: bool = False
-    warmup_ms: int = 30_000
-    window_ms: int = 30_000
-    min_useful_bytes_per_second: int = 4
-    min_useful_bytes: int = 1
+    enabled: bool = field(
+        default=False,
+        metadata=tunable(help="Abort streams whose useful output is slower than the minimum rate"),
+    )
+    warmup_ms: int = field(
+        default=30_000,
+        metadata=tunable(
+            min=0, max=600_000, help="Grace period after the stream starts before the watchdog judges"
+        ),
+    )
+    window_ms: int = field(
+        default=30_000,
+        metadata=tunable(
+            min=1000, max=600_000, help="Rolling window over which the useful-byte rate is measured"
+        ),
+    )
+    min_useful_bytes_per_second: int = field(
+        default=4,
+        metadata=tunable(min=1, max=1_000_000, help="Lowest acceptable assistant-text rate over the window"),
+    )
+    min_useful_bytes: int = field(
+        default=1,
+        metadata=tunable(min=1, max=1_000_000, help="Smallest amount of assistant text the window must hold"),
+    )
 
 
 class Activity(Enum):

@@ -284,3 +284,20 @@ def test_a_200_whose_body_is_not_the_json_it_claims_is_a_failure_that_falls_back
         f"one-1: answered 200 with a body that is not the JSON it claims at {a.url}"
     )
     proxy.settled()
+
+
+@pytest.mark.parametrize("history", [2000, 0], ids=["recorded", "unrecorded"])
+def test_an_answer_with_nan_as_pythons_json_writes_it_is_relayed_whether_recorded_or_not(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], history: int
+) -> None:
+    # The clients' own libraries (Python's json, the official SDKs) read NaN: so does the check
+    # that an answer is the JSON it claims, with the request trail on or off alike.
+    up = upstreams()
+    body = '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprob": NaN}]}'
+    up.fake.default(Reply("error", status=200, body=body, headers={"content-type": "application/json"}))
+    proxy = launch(f"[server]\nrequest_history = {history}\n" + provider("one", "local", up.url, "one-1"))
+    response = proxy.chat("one/m1")
+    assert response.status_code == 200
+    assert response.content == body.encode()
+    assert proxy.breaker("one")["failureCount"] == 0
+    proxy.settled()

@@ -1,0 +1,163 @@
+"""Outcomes: what one attempt's result does to the layers.
+
+`record` restates the status (the provider's rules), classifies the outcome (`classify.py`: one
+verdict, a column per layer) and applies the verdict to the breaker, the connection's health and
+the lockout table, marking each changed object dirty; a success refreshes the session's pin. The
+probe's lease is kept alive here too, since only the attempt's owner knows it is making progress.
+"""
+
+from __future__ import annotations
+
+from proxy.engine.decisions import Attempt, Recorded
+from proxy.engine.layers import EnginePart, Layers
+from proxy.resilience.classify import BreakerEffect, ConnectionEffect, LockoutEffect, Verdict, classify
+from proxy.resilience.hints import parse_retry_hint
+from proxy.resilience.outcome import Outcome, OutcomeKind
+from proxy.resilience.restate import restate
+from proxy.scrub import Scrubber
+
+
+class Outcomes(EnginePart):
+    def __init__(self, layers: Layers, scrubber: Scrubber) -> None:
+        super().__init__(layers)
+        self.scrubber = scrubber
+
+    def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
+        """Classify one attempt's outcome and apply it to the three layers."""
+        now = self.clock.now()
+        provider = attempt.provider
+        conn = attempt.connection
+        conn.in_flight -= 1
+        pid = provider.spec.id
+        cid = conn.spec.id
+        model = attempt.target.model
+
+        if outcome.body or outcome.error:
+            # Only failures carry text; it may quote the key the attempt was sent with.
+            scrub = self.scrubber
+            outcome = Outcome(
+                outcome.kind, outcome.status, outcome.headers, scrub(outcome.body), scrub(outcome.error)
+            )
+
+        client_retry: int | None = None
+        if outcome.kind is OutcomeKind.STATUS and outcome.status is not None and outcome.status >= 400:
+            restated = restate(outcome.status, outcome.body, provider.rules) if provider.rules else None
+            if restated is not None:
+                client_retry = restated.retry_after_ms
+                outcome = Outcome(outcome.kind, restated.status, outcome.headers, outcome.body, outcome.error)
+
+        lockout_settings = self.settings.lockout()
+        verdict = classify(outcome, per_model_quota=provider.spec.per_model_quota, lockout=lockout_settings)
+
+        breaker = provider.breaker
+        shared = self._layers.shared
+        if shared is not None and (verdict.breaker is not BreakerEffect.NONE or attempt.probe):
+            shared.breaker(pid, verdict.breaker, now, probe=attempt.probe)
+        if verdict.breaker is BreakerEffect.SUCCESS:
+            breaker.record_success(now, probe=attempt.probe_ticket)
+        elif verdict.breaker is BreakerEffect.FAILURE:
+            breaker.record_failure(now, probe=attempt.probe_ticket)
+        elif attempt.probe:
+            breaker.release_probe(now, attempt.probe_ticket)
+        if verdict.breaker is not BreakerEffect.NONE or attempt.probe:
+            self.dirty.breakers.add(pid)
+
+        health = conn.health
+        effect = verdict.connection
+        if effect is ConnectionEffect.CLEAR:
+            if health.terminal is None and (
+                health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
+            ):
+                self._layers.connection_op(cid, lambda h: h.record_success(now))
+        elif effect is not ConnectionEffect.NONE:
+            error = _describe(outcome, verdict)
+            if effect is ConnectionEffect.COOLDOWN:
+                policy = self.settings.cooldown_policy(provider.spec.provider_class)
+                hint = (
+                    parse_retry_hint(outcome.headers, outcome.body, now)
+                    if policy.use_upstream_retry_hints
+                    else None
+                )
+                reason, code, no_cooling = verdict.reason, outcome.status, conn.spec.disable_cooling
+                self._layers.connection_op(
+                    cid,
+                    lambda h: h.record_failure(
+                        now,
+                        policy,
+                        error=error,
+                        error_type=reason,
+                        code=code,
+                        hint_ms=hint,
+                        disable_cooling=no_cooling,
+                    ),
+                )
+            else:
+                status, code = effect.value, outcome.status
+                self._layers.connection_op(cid, lambda h: h.mark_terminal(now, status, error=error, code=code))
+
+        if verdict.lockout is LockoutEffect.DECAY:
+            if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
+                self._layers.lockout_op((pid, cid, model), lambda t: t.record_success(pid, cid, model, now))
+        elif verdict.lockout is LockoutEffect.LOCK:
+            hint = (
+                parse_retry_hint(outcome.headers, outcome.body, now)
+                if outcome.headers or outcome.body
+                else None
+            )
+            lock_status, lock_reason, lock_hint, started = (
+                outcome.status,
+                verdict.reason,
+                hint,
+                attempt.started_at,
+            )
+            self._layers.lockout_op(
+                (pid, cid, model),
+                lambda t: t.record_failure(
+                    pid,
+                    cid,
+                    model,
+                    now,
+                    lockout_settings,
+                    status=lock_status,
+                    reason=lock_reason,
+                    hint_ms=lock_hint,
+                    started_at=started,
+                ),
+            )
+
+        if (
+            verdict.breaker is BreakerEffect.FAILURE
+            or effect not in (ConnectionEffect.NONE, ConnectionEffect.CLEAR)
+            or verdict.lockout is LockoutEffect.LOCK
+        ):
+            self._layers.recheck_queues(provider)
+
+        if session is not None and outcome.is_success:
+            ttl = self.settings.session_ttl_ms()
+            if ttl > 0:
+                self.pins.pin(session, cid, now, ttl)
+
+        return Recorded(verdict, outcome.status, client_retry)
+
+    def probe_waiting(self, attempt: Attempt) -> None:
+        """The attempt is about to wait in our own queues. A probe's lease stops running meanwhile:
+        its owner is alive and settles it on every path, and time it spends queued behind other
+        requests must not let a second probe in."""
+        if attempt.probe:
+            attempt.provider.breaker.hold_probe(attempt.probe_ticket)
+
+    def probe_alive(self, attempt: Attempt) -> None:
+        """A sign of progress (dispatched, response headers, a chunk relayed): a probe's lease
+        starts over, so a probe that streams for longer than the lease keeps its slot."""
+        if attempt.probe:
+            attempt.provider.breaker.renew_probe(self.clock.now(), attempt.probe_ticket)
+            if self._layers.shared is not None:
+                self._layers.shared.probe_alive(attempt.provider.spec.id)
+
+
+def _describe(outcome: Outcome, verdict: Verdict) -> str:
+    """A short description of an error for `lastError` (its text was scrubbed in `record`)."""
+    if outcome.kind is OutcomeKind.STATUS:
+        body = " ".join(outcome.body.split())[:160]
+        return f"{outcome.status}: {body}" if body else f"{outcome.status} {verdict.reason}"
+    return outcome.error or verdict.reason

@@ -1,0 +1,282 @@
+"""The traffic statistics, fed by the trail as each request ends.
+
+The statistics (`TrafficStats`) keep per provider and per connection a ring of 5-second buckets
+(15 minutes) and running totals per window (1, 5 and 15 minutes): a request adds to its bucket
+and to each window's totals, and a bucket leaving a window is subtracted from it, so a read
+never scans records or buckets. Latencies are counted in fixed histogram bins (the same ones
+`/metrics` exposes); percentiles are interpolated within a bin.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping, Sequence
+
+from proxy.readmodel import WINDOWS, StatsReport, StatsView
+
+Usage = tuple[int | None, int | None, int | None]
+"""(prompt, completion, total) tokens, as `UsageView` holds them."""
+
+BUCKET_MS = 5000
+"""The statistics' resolution: a window is its current bucket plus whole ones before it."""
+SLOTS = max(WINDOWS.values()) // BUCKET_MS
+LATENCY_EDGES_MS: tuple[float, ...] = (
+    5, 10, 25, 50, 75, 100, 150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 4000, 5000,
+    7500, 10_000, 15_000, 20_000, 30_000, 45_000, 60_000, 90_000, 120_000, 180_000, 300_000,
+)  # fmt: skip
+"""Upper bounds of the latency (and TTFT) histogram bins; one more bin holds everything above."""
+_BINS = len(LATENCY_EDGES_MS) + 1
+
+# The layout of one bucket, one window's totals and the all-time totals: a flat list of numbers.
+# No request counts: a request adds one to a latency bin (and, when it streamed, to a TTFT bin),
+# so the counts are the bins added up, when read.
+ERRORS, STREAM_TOKENS, STREAM_MS, PROMPT, COMPLETION, LAT_SUM, TTFT_SUM = range(7)
+LAT = 7
+TTFT = LAT + _BINS
+_WIDTH = TTFT + _BINS
+
+
+def count(row: list[float], start: int) -> float:
+    """How many the histogram at row[start:start+_BINS] holds (LAT: requests; TTFT: streams)."""
+    return sum(row[start : start + _BINS])
+
+
+class _Series:
+    """One connection's buckets and window totals.
+
+    A request adds to one row only: its bucket's. Each window's totals, and the all-time totals,
+    hold *closed* buckets: a bucket is added to them when it closes (the first request or read of
+    a later bucket), and subtracted from a window's when it leaves it; a read adds the current
+    bucket. A provider's figures are its connections' added up when read (a connection belongs to
+    one provider), so a request costs the same whatever a provider holds.
+    """
+
+    __slots__ = ("bucket_of", "buckets", "current", "last", "statuses", "total", "windows")
+
+    def __init__(self) -> None:
+        self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
+        self.bucket_of = [-1] * SLOTS
+        """The bucket number each slot holds (-1: none)."""
+        self.windows = [[0.0] * _WIDTH for _ in _SPANS]
+        self.total = [0.0] * _WIDTH
+        """Closed buckets since the start (for /metrics' counters and histograms)."""
+        self.last = -1
+        self.current = self.buckets[0]
+        """The row of bucket `last`."""
+        self.statuses: dict[int, int] = {}
+        """Finished requests per status since the start (0: none, the client went first)."""
+
+    def advance(self, bucket: int) -> None:
+        last = self.last
+        if bucket <= last:
+            return
+        buckets, bucket_of, windows = self.buckets, self.bucket_of, self.windows
+        if last >= 0:
+            _add(self.total, self.current)  # bucket `last` closes
+        if last < 0 or bucket - last > SLOTS:
+            for row in windows:
+                row[:] = [0.0] * _WIDTH
+            bucket_of[:] = [-1] * SLOTS
+        else:
+            for b in range(last + 1, bucket + 1):
+                closed = b - 1
+                slot = closed % SLOTS
+                if bucket_of[slot] == closed:
+                    new = buckets[slot]
+                    for totals in windows:
+                        _add(totals, new)
+                for spans, totals in zip(_SPANS, windows, strict=True):
+                    gone = b - spans
+                    slot = gone % SLOTS
+                    if bucket_of[slot] == gone:
+                        old = buckets[slot]
+                        for i in range(_WIDTH):
+                            totals[i] -= old[i]
+        # Slots skipped over hold stale buckets: their numbers tell, and they are reset when their
+        # number comes round.
+        slot = bucket % SLOTS
+        if bucket_of[slot] != bucket:
+            buckets[slot] = [0.0] * _WIDTH
+            bucket_of[slot] = bucket
+        self.current = buckets[slot]
+        self.last = bucket
+
+    def window(self, w: int, bucket: int) -> list[float]:
+        """Window `w`'s totals as of `bucket` (the current bucket included)."""
+        self.advance(bucket)
+        closed = self.windows[w]
+        if self.last != bucket:  # a bucket before the last one: nothing of now to add
+            return closed
+        return [a + b for a, b in zip(closed, self.current, strict=True)]
+
+    def all_time(self) -> list[float]:
+        """Everything since the start, the open bucket included."""
+        if self.last < 0:
+            return list(self.total)
+        return [a + b for a, b in zip(self.total, self.current, strict=True)]
+
+    def bucket(self, b: int) -> list[float] | None:
+        """Bucket `b`'s row, if this series still holds it."""
+        slot = b % SLOTS
+        return self.buckets[slot] if self.bucket_of[slot] == b else None
+
+
+def _add(into: list[float], row: list[float]) -> None:
+    for i in range(_WIDTH):
+        into[i] += row[i]
+
+
+def _summed(rows: Iterable[list[float]]) -> list[float]:
+    total = [0.0] * _WIDTH
+    for row in rows:
+        _add(total, row)
+    return total
+
+
+_SPANS = tuple(ms // BUCKET_MS for ms in WINDOWS.values())
+_WINDOW_INDEX = {name: i for i, name in enumerate(WINDOWS)}
+
+
+class TrafficStats:
+    """Per provider and per connection, over the windows of WINDOWS, kept as requests end.
+
+    `members`: each provider's connection ids (a connection id belongs to one provider)."""
+
+    def __init__(self, members: Mapping[str, Sequence[str]]) -> None:
+        self.ids = {p: list(ids) for p, ids in members.items()}
+        self.connections = {c: _Series() for ids in members.values() for c in ids}
+        self.members = {p: [self.connections[c] for c in ids] for p, ids in members.items()}
+        self.unrouted: dict[int, int] = {}
+        """Finished requests that reached no upstream, per status."""
+
+    def add(
+        self,
+        provider: str,
+        connection: str,
+        now: float,
+        duration_ms: float,
+        error: bool,
+        status: int | None,
+        ttft_ms: float | None,
+        usage: Usage | None,
+        generation_ms: float | None,
+    ) -> None:
+        series = self.connections.get(connection)
+        if series is None:
+            return
+        statuses = series.statuses
+        code = status or 0
+        statuses[code] = statuses.get(code, 0) + 1
+        bucket = int(now // BUCKET_MS)
+        if bucket != series.last:
+            series.advance(bucket)
+        row = series.current
+        row[LAT_SUM] += duration_ms
+        row[LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)] += 1
+        if error:
+            row[ERRORS] += 1
+        if ttft_ms is not None:
+            row[TTFT_SUM] += ttft_ms
+            row[TTFT + bisect_left(LATENCY_EDGES_MS, ttft_ms)] += 1
+        if usage is not None:
+            completion = usage[1]
+            row[PROMPT] += usage[0] or 0
+            if completion:
+                row[COMPLETION] += completion
+                if generation_ms is not None and generation_ms > 0:
+                    row[STREAM_TOKENS] += completion
+                    row[STREAM_MS] += generation_ms
+
+    def add_unrouted(self, status: int | None) -> None:
+        key = status or 0
+        self.unrouted[key] = self.unrouted.get(key, 0) + 1
+
+    def report(self, window: str, now: float) -> StatsReport:
+        w = _WINDOW_INDEX[window]
+        bucket = int(now // BUCKET_MS)
+        rows = {c: s.window(w, bucket) for c, s in self.connections.items()}
+        return StatsReport(
+            window,
+            {p: _stats(_summed(s.window(w, bucket) for s in series)) for p, series in self.members.items()},
+            {c: _stats(row) for c, row in rows.items()},
+        )
+
+    def by_status(self) -> dict[tuple[str, str, int], int]:
+        """Finished requests per (provider, connection, status) since the start (for /metrics)."""
+        return {
+            (provider, connection, code): n
+            for provider, ids in self.ids.items()
+            for connection in ids
+            for code, n in self.connections[connection].statuses.items()
+        }
+
+    def all_time(self, provider: str) -> list[float]:
+        """A provider's totals since the start (its connections' added up)."""
+        return _summed(s.all_time() for s in self.members.get(provider, ()))
+
+    def p50_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
+        series = self.members.get(provider)
+        if series is None:
+            return []
+        current = int(now // BUCKET_MS)
+        for s in series:
+            s.advance(current)
+        out: list[float | None] = []
+        for b in range(current - min(buckets, SLOTS) + 1, current + 1):
+            rows = [row for s in series if (row := s.bucket(b)) is not None]
+            if not rows:
+                out.append(None)
+            else:
+                row = _summed(rows)
+                out.append(_quantile(row, LAT, count(row, LAT), 0.5))
+        return out
+
+
+def _stats(row: list[float]) -> StatsView:
+    n = count(row, LAT)
+    requests = round(n)
+    if requests <= 0:
+        return StatsView(0, 0, None, None, None, None, None)
+    errors = round(row[ERRORS])
+    tokens, ms = row[STREAM_TOKENS], row[STREAM_MS]
+    return StatsView(
+        requests,
+        errors,
+        round(errors / requests, 4),
+        _quantile(row, LAT, n, 0.5),
+        _quantile(row, LAT, n, 0.95),
+        _quantile(row, TTFT, count(row, TTFT), 0.5),
+        round(tokens * 1000 / ms, 1) if ms > 0 else None,
+    )
+
+
+def _quantile(row: list[float], start: int, count: float, q: float) -> float | None:
+    """The q-quantile of the histogram at row[start:start+_BINS], interpolated within its bin."""
+    if count < 0.5:
+        return None
+    rank = q * count
+    seen = 0.0
+    for i in range(_BINS):
+        n = row[start + i]
+        if n <= 0:
+            continue
+        if seen + n >= rank:
+            low = LATENCY_EDGES_MS[i - 1] if i > 0 else 0.0
+            if i >= len(LATENCY_EDGES_MS):
+                return float(low)
+            high = LATENCY_EDGES_MS[i]
+            return round(low + (high - low) * (rank - seen) / n, 1)
+        seen += n
+    return None
+
+
+def histogram(total: list[float], start: int) -> tuple[list[tuple[str, float]], float]:
+    """(cumulative `le` buckets in seconds, sum in seconds) of an all-time row's histogram, for /metrics."""
+    buckets: list[tuple[str, float]] = []
+    seen = 0.0
+    for i, edge in enumerate(LATENCY_EDGES_MS):
+        seen += total[start + i]
+        buckets.append((repr(edge / 1000), seen))
+    seen += total[start + len(LATENCY_EDGES_MS)]
+    buckets.append(("+Inf", seen))
+    return buckets, total[LAT_SUM if start == LAT else TTFT_SUM] / 1000
