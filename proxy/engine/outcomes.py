@@ -93,7 +93,9 @@ class Outcomes(EnginePart):
                 )
             else:
                 status, code = effect.value, outcome.status
-                self._layers.connection_op(cid, lambda h: h.mark_terminal(now, status, error=error, code=code))
+                self._layers.connection_op(
+                    cid, lambda h: h.mark_terminal(now, status, error=error, code=code)
+                )
 
         if verdict.lockout is LockoutEffect.DECAY:
             if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
