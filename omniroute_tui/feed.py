@@ -364,7 +364,14 @@ class Feed:
                 for b in breakers
             }
             return snap.overview(
-                breakers, read.unwell(now), self.history, longest, len(lockouts.rows), now, latencies
+                breakers,
+                read.unwell(now),
+                self.history,
+                longest,
+                len(lockouts.rows),
+                now,
+                latencies,
+                fleet=read.fleet_api(),
             )
         if tab == "settings":
             return None

@@ -121,6 +121,8 @@ class Mirror:
         self._finished_ids: set[str] = set()
         self._finished_total = 0
         self._stats: dict[str, StatsReport] = {}
+        self._state_backend: dict[str, object] = {"kind": "sqlite", "connected": True, "since": None}
+        self._fleet: dict[str, object] | None = None
 
     # -- applying the stream ---------------------------------------------------------------------
 
@@ -266,6 +268,11 @@ class Mirror:
 
     def _health(self, data: Mapping[str, Any], now: float) -> None:
         self.version = str(data.get("version", self.version))
+        backend = data.get("stateBackend")
+        if isinstance(backend, dict):
+            self._state_backend = dict(backend)
+            fleet = data.get("fleet")
+            self._fleet = dict(fleet) if isinstance(fleet, dict) else None
         uptime = data.get("uptimeMs")
         if isinstance(uptime, int):
             self._started_at = now - uptime
@@ -372,6 +379,12 @@ class Mirror:
             for v in self._lockouts.values()
             if v.provider == provider and v.connection_id == connection_id and v.expires_at > now
         ]
+
+    def state_backend(self) -> dict[str, object]:
+        return self._state_backend
+
+    def fleet_api(self) -> dict[str, object] | None:
+        return self._fleet
 
     def lockout_table(self) -> LockoutTableStatus:
         return self._lockout_table

@@ -30,6 +30,7 @@ from proxy.readmodel import (
     StatsView,
     TransitionView,
 )
+from proxy.resilience.timefmt import epoch_ms
 
 SortKey = float | str
 
@@ -120,6 +121,9 @@ class Overview:
     events: tuple[Row, ...]
     lockout_total: int = 0
     cooling_total: int = 0
+    replicas: str = ""
+    """The Replicas line of a fleet (docs/fleet.md): each replica's id, address, uptime, in-flight
+    requests and when it was last seen; empty without a fleet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,10 @@ class Header:
     lockouts: int
     live: bool
     read_only: bool
+    replica: str = ""
+    """The fleet replica the console is attached to (empty without a fleet)."""
+    state: str = ""
+    """What is wrong with the state backend (`redis lost`), empty when nothing is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,6 +695,7 @@ def overview(
     lockout_total: int,
     now: float,
     latencies: dict[str, tuple[list[float | None], float | None]] | None = None,
+    fleet: dict[str, object] | None = None,
 ) -> Overview:
     """`unwell`: the connections that are not active; `longest`: the running lockouts with the most
     time left, longest first; `latencies`: per provider, its p50 per bucket and its p50 (1 minute)."""
@@ -726,7 +735,34 @@ def overview(
         for e in longest[:OVERVIEW_ROWS]
     )
     events = tuple(e.row for e in list(history)[-OVERVIEW_EVENTS:][::-1])
-    return Overview(tiles, cooling, lockouts, events, lockout_total=lockout_total, cooling_total=len(unwell))
+    return Overview(
+        tiles,
+        cooling,
+        lockouts,
+        events,
+        lockout_total=lockout_total,
+        cooling_total=len(unwell),
+        replicas=replicas_line(fleet, now) if fleet else "",
+    )
+
+
+def replicas_line(fleet: dict[str, object], now: float) -> str:
+    """`Replicas 2 · replica-a (this) http://10.0.0.5:20128 up 5m 02s, 3 in flight, seen 1s ago · …`"""
+    listed = fleet.get("replicas")
+    replicas = [r for r in listed if isinstance(r, dict)] if isinstance(listed, list) else []
+    me = fleet.get("replica")
+    parts = [f"Replicas {len(replicas)}"]
+    for r in replicas:
+        seen = epoch_ms(r.get("lastSeen"))
+        uptime = r.get("uptimeMs")
+        this = " (this)" if r.get("id") == me else ""
+        parts.append(
+            f"{visible(str(r.get('id', '?')))}{this} {visible(str(r.get('address', '')))}"
+            f" up {fmt.duration(float(uptime)) if isinstance(uptime, int | float) else '?'},"
+            f" {r.get('inFlight', 0)} in flight,"
+            f" seen {fmt.duration(max(0.0, now - seen)) if seen is not None else '?'} ago"
+        )
+    return " · ".join(parts)
 
 
 def header(
@@ -740,6 +776,9 @@ def header(
 ) -> Header:
     rates = read.rates(now, 30)
     traffic = read.traffic()
+    backend = read.state_backend()
+    fleet = read.fleet_api()
+    state = f"{backend.get('kind')} lost" if backend.get("connected") is False else ""
     # The current second is still filling up: the last complete one is the honest rate.
     return Header(
         url=visible(url),
@@ -753,4 +792,6 @@ def header(
         lockouts=lockouts,
         live=live,
         read_only=read_only,
+        replica=visible(str(fleet.get("replica", ""))) if fleet else "",
+        state=visible(state),
     )

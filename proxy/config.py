@@ -6,7 +6,7 @@ reported together, each line naming the file and the dotted key (or the line, fo
 errors), so the operator can fix them all at once.
 
 Schema (docs/configuration.md): `[server]`, `[providers.<id>]` with `[[providers.<id>.connections]]`,
-`[[providers.<id>.restate]]` and `[providers.<id>.headers]`, and `[combos.<name>]`.
+`[[providers.<id>.restate]]` and `[providers.<id>.headers]`, `[combos.<name>]`, and `[state]`.
 
 Long on purpose (about 1,000 lines): the dataclasses, their reader and the starter file are one
 file format, and most of the reader is checks that belong to one key each (ids, hosts, origins,
@@ -55,6 +55,8 @@ BUILTIN_LOCAL_PROVIDERS: dict[str, str] = {
 MANAGEMENT_TOKEN_ENV = "OMNIROUTE_MANAGEMENT_TOKEN"
 CONFIG_PATH_ENV = "OMNIROUTE_CONFIG"
 STATE_PATH_ENV = "OMNIROUTE_STATE"
+STATE_BACKEND_ENV = "OMNIROUTE_STATE_BACKEND"
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 # Ids end up in URLs (/api/resilience/connections/{id}/reset), in `provider/model` targets and in
 # `provider:connection:model` lockout keys, so '/', ':' and whitespace are kept out of them.
@@ -161,6 +163,21 @@ class ServerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StateConfig:
+    """`[state]`: where the resilience state lives (docs/configuration.md#state)."""
+
+    backend: str = "sqlite"
+    """`sqlite` (the state file, one process) or a Redis URL (`redis://host:6379/0`): a fleet of
+    replicas sharing one resilience state."""
+    key_prefix: str = "omniroute:"
+    """Every Redis key starts with it, so several fleets can share one Redis."""
+
+    @property
+    def shared(self) -> bool:
+        return self.backend != "sqlite"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig
     providers: Mapping[str, ProviderConfig]
@@ -168,6 +185,7 @@ class Config:
     source: Path | None
     """The file read, or None for the embedded default."""
     warnings: tuple[str, ...] = ()
+    state: StateConfig = field(default_factory=StateConfig)
     _by_id: Mapping[str, ConnectionConfig] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -189,7 +207,9 @@ class Config:
         server = self.server
         keys = [c.api_key for c in self._by_id.values() if c.api_key]
         token = [server.management_token] if server.management_token else []
-        return [*keys, *server.api_keys, *token]
+        # A Redis URL may carry its password (redis://:pw@host): it is a secret like the others.
+        redis_password = urlsplit(self.state.backend).password if self.state.shared else None
+        return [*keys, *server.api_keys, *token, *([redis_password] if redis_password else [])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +361,7 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
     """
     if path is None or (not explicit and not path.exists()):
         config = embedded_default()
-        return replace(config, server=_with_env_token(config.server, env))
+        return _with_env_state(replace(config, server=_with_env_token(config.server, env)), env, path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -370,7 +390,7 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
         raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems])
     exposure = _exposure_warnings(config, path, reader.inline_secrets)
     warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure)]
-    return replace(config, warnings=tuple(warnings))
+    return _with_env_state(replace(config, warnings=tuple(warnings)), env, path)
 
 
 def check_config(path: Path | None, env: Mapping[str, str] = os.environ, *, explicit: bool = False) -> Config:
@@ -463,6 +483,27 @@ def _line_of(key: str | None, lines: Mapping[str, int]) -> int | None:
             return lines[key]
         key = key[: key.rfind("[")] if key.endswith("]") else key.rpartition(".")[0]
     return None
+
+
+def state_backend_problem(value: str) -> str | None:
+    """Why `value` is not a state backend (`sqlite`, or a redis://, rediss:// or unix:// URL), or None."""
+    if value == "sqlite":
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in _REDIS_SCHEMES or not (parts.netloc or parts.path):
+        return f"must be 'sqlite' or a Redis URL such as redis://127.0.0.1:6379/0 (got {_shown(value)})"
+    return None
+
+
+def _with_env_state(config: Config, env: Mapping[str, str], path: Path | None) -> Config:
+    """`OMNIROUTE_STATE_BACKEND` wins over `[state] backend`, as the token's variable wins over the file."""
+    value = env.get(STATE_BACKEND_ENV)
+    if not value:
+        return config
+    problem = state_backend_problem(value)
+    if problem is not None:
+        raise ConfigError(path, [Problem(f"{STATE_BACKEND_ENV} {problem}")])
+    return replace(config, state=replace(config.state, backend=value))
 
 
 def _with_env_token(server: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
@@ -630,8 +671,9 @@ class _Reader:
     # sections --------------------------------------------------------------------------------
 
     def config(self, doc: Mapping[str, Any], path: Path) -> Config:
-        self.keys(doc, "", ("server", "providers", "combos"))
+        self.keys(doc, "", ("server", "providers", "combos", "state"))
         server_table = self.table(doc.get("server", {}), "server")
+        state = self.state(self.table(doc.get("state", {}), "state"))
         providers_table = self.table(doc.get("providers", {}), "providers")
         combos_table = self.table(doc.get("combos", {}), "combos")
 
@@ -639,7 +681,20 @@ class _Reader:
         seen_connections: dict[str, str] = {}
         providers = {pid: self.provider(pid, raw, seen_connections) for pid, raw in providers_table.items()}
         combos = {name: self.combo(name, raw, providers_table) for name, raw in combos_table.items()}
-        return Config(server, MappingProxyType(providers), MappingProxyType(combos), source=path)
+        return Config(server, MappingProxyType(providers), MappingProxyType(combos), source=path, state=state)
+
+    def state(self, t: Mapping[str, Any]) -> StateConfig:
+        w = "state"
+        self.keys(t, w, _keys_of(StateConfig))
+        d = StateConfig()
+        backend = self.str_(t, w, "backend") or d.backend
+        problem = state_backend_problem(backend)
+        if problem is not None:
+            self.problem(f"{w}.backend", problem)
+        prefix = self.str_(t, w, "key_prefix") or d.key_prefix
+        if _has_control(prefix) or " " in prefix:
+            self.problem(f"{w}.key_prefix", "must not contain spaces or control characters")
+        return StateConfig(backend=backend, key_prefix=prefix)
 
     def server(self, t: Mapping[str, Any], combos: Mapping[str, Any]) -> ServerConfig:
         w = "server"

@@ -249,6 +249,35 @@ def _schemas() -> dict[str, Schema]:
                 "lockouts": {"type": "array", "items": _ref("Lockout")},
                 "lockoutTable": _ref("LockoutTable"),
                 "requests": _obj({"total": _INT, "ok": _INT, "failed": _INT, "inFlight": _INT}),
+                "stateBackend": _ref("StateBackend"),
+                "fleet": _ref("Fleet"),
+            },
+            optional=("fleet",),
+        ),
+        "StateBackend": _obj(
+            {
+                "kind": {"type": "string", "enum": ["sqlite", "redis"]},
+                "connected": _BOOL,
+                "since": _TIME,
+            }
+        ),
+        "Fleet": _obj(
+            {
+                "replica": _STR,
+                "address": _STR,
+                "replicas": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "id": _STR,
+                            "address": _STR,
+                            "startedAt": _TIME,
+                            "uptimeMs": _MS,
+                            "inFlight": _INT,
+                            "lastSeen": _TIME,
+                        }
+                    ),
+                },
             }
         ),
         "Event": _obj(
@@ -257,7 +286,7 @@ def _schemas() -> dict[str, Schema]:
                 "ts": {"type": "number", "description": "epoch milliseconds"},
                 "layer": {
                     "type": "string",
-                    "enum": ["breaker", "connection", "lockout", "settings", "operator"],
+                    "enum": ["breaker", "connection", "lockout", "settings", "operator", "state"],
                 },
                 "key": _STR,
                 "from": _STR,

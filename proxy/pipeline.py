@@ -322,6 +322,9 @@ class Pipeline:
                     return self._unavailable(decision, progress, targets)
                 progress.tried.clear()
                 continue
+            fleet = engine.shared
+            if decision.probe and fleet is not None and not await fleet.take_probe(decision):
+                continue  # another replica holds the fleet's one probe: decide again without it
             if record is not None and trail is not None:
                 trail.passed_over(record, decision, targets, progress.tried)
             response = await self._attempt(

@@ -254,6 +254,9 @@ class Observed(Protocol):
     def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]: ...
     def stats(self, window: str, now: float) -> StatsReport: ...
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]: ...
+    # the state backend and the fleet (docs/fleet.md)
+    def state_backend(self) -> dict[str, object]: ...
+    def fleet_api(self) -> dict[str, object] | None: ...
 
 
 # -- the traffic: request records and statistics ----------------------------------------------------
@@ -428,16 +431,45 @@ class StatsReport:
         }
 
 
+class FleetView(Protocol):
+    """What the read model shows of a shared state backend (proxy/fleet)."""
+
+    def status(self) -> dict[str, object]: ...
+
+    def fleet(self) -> dict[str, object]: ...
+
+
 class ReadModel:
     """Read-only views of one engine, its event bus and its request trail."""
 
-    __slots__ = ("_bus", "_engine", "_trail", "version")
+    __slots__ = ("_bus", "_engine", "_fleet", "_trail", "version")
 
-    def __init__(self, engine: Engine, bus: EventBus, version: str, trail: Trail | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        bus: EventBus,
+        version: str,
+        trail: Trail | None = None,
+        *,
+        fleet: FleetView | None = None,
+    ) -> None:
         self._engine = engine
         self._bus = bus
         self._trail = trail
+        self._fleet = fleet
         self.version = version
+
+    # -- the state backend -------------------------------------------------------------------------
+
+    def state_backend(self) -> dict[str, object]:
+        """`stateBackend` of the health document: `{kind, connected, since}`."""
+        if self._fleet is not None:
+            return self._fleet.status()
+        return {"kind": "sqlite", "connected": True, "since": iso(self.started_at)}
+
+    def fleet_api(self) -> dict[str, object] | None:
+        """`fleet` of the health document: this replica and the fleet's (None without a fleet)."""
+        return None if self._fleet is None else self._fleet.fleet()
 
     # -- time --------------------------------------------------------------------------------------
 
@@ -562,6 +594,8 @@ class ReadModel:
             "uptimeMs": int(self.now() - self.started_at),
             "requests": self._engine.stats.to_api(),
             "lockoutTable": self.lockout_table().to_api(),
+            "stateBackend": self.state_backend(),
+            **({"fleet": fleet} if (fleet := self.fleet_api()) is not None else {}),
         }
 
     def health_api(self) -> dict[str, object]:
@@ -591,6 +625,8 @@ class ReadModel:
             "lockouts": self.lockouts_api(),
             "lockoutTable": self.lockout_table().to_api(),
             "requests": self._engine.stats.to_api(),
+            "stateBackend": self.state_backend(),
+            **({"fleet": fleet} if (fleet := self.fleet_api()) is not None else {}),
         }
 
     # -- the traffic -------------------------------------------------------------------------------
@@ -814,7 +850,7 @@ def lockout_table_view(data: Mapping[str, Any]) -> LockoutTableStatus:
     )
 
 
-_LAYERS = ("breaker", "connection", "lockout", "settings", "operator")
+_LAYERS = ("breaker", "connection", "lockout", "settings", "operator", "state")
 
 
 def event_view(data: Mapping[str, Any]) -> Event | None:

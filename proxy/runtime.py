@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy import __version__
 from proxy.apis import auth_headers
@@ -38,6 +38,9 @@ from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoredS
 from proxy.stream import StreamHub
 from proxy.trail import EventCounts, Trail
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
+
+if TYPE_CHECKING:
+    from proxy.fleet import FleetState
 
 log = logging.getLogger("omniroute")
 
@@ -107,6 +110,14 @@ class Runtime:
         """Which connection created each Responses API response (for its follow-up routes)."""
         self.owners.take(stored.pins, self.engine.connections)  # before the engine reads the pins
         self.engine.restore(stored)
+        self.fleet: FleetState | None = None
+        """The Redis backend this replica shares its resilience state through (None: SQLite)."""
+        if config.state.shared:
+            from proxy.fleet import FleetState
+
+            assert isinstance(store, FleetState)
+            self.fleet = store
+            store.attach(self.engine, self.settings)
         server = config.server
         self.upstream = UpstreamClient(
             Timeouts(server.connect_timeout_ms, server.first_byte_timeout_ms, server.idle_timeout_ms)
@@ -119,7 +130,7 @@ class Runtime:
         """The request records and traffic statistics (None when `server.request_history` is 0)."""
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream, self.trail)
         self.pipeline.owners = self.owners
-        self.read = ReadModel(self.engine, self.bus, self.version, self.trail)
+        self.read = ReadModel(self.engine, self.bus, self.version, self.trail, fleet=self.fleet)
         """What observers (the console) read: frozen views, never the engine's live objects."""
         self.stream = StreamHub(self.bus, self.settings, self.read)
         """`GET /api/stream`'s messages, for attached consoles and `--follow` scripts."""
@@ -128,8 +139,14 @@ class Runtime:
 
     @classmethod
     def open(cls, config: Config, state_path: Path | None, **kwargs: Any) -> Runtime:
-        """Open the state database (None: memory only) and build the instance."""
-        store: StateStore = SqliteStore(state_path) if state_path is not None else MemoryStore()
+        """Open the state database (None: memory only), or the fleet's Redis, and build the instance."""
+        store: StateStore
+        if config.state.shared:
+            from proxy.fleet import FleetState
+
+            store = FleetState(config, clock=kwargs.get("clock"))
+        else:
+            store = SqliteStore(state_path) if state_path is not None else MemoryStore()
         try:
             return cls(config, store, state_path=state_path, **kwargs)
         except BadRecord as exc:
@@ -159,6 +176,8 @@ class Runtime:
 
     async def start(self) -> None:
         await self.upstream.start()
+        if self.fleet is not None:
+            await self.fleet.start()
         if self._persist_task is None:
             self._persist_task = asyncio.create_task(self._persist_loop(), name="omniroute-persist")
 
@@ -170,6 +189,8 @@ class Runtime:
                 await self._persist_task
             self._persist_task = None
         self._persist()
+        if self.fleet is not None:
+            await self.fleet.stop()
         await asyncio.to_thread(self.store.close)
         await self.upstream.close()
 
@@ -213,12 +234,13 @@ class Runtime:
         async with self._settings_lock:
             while True:
                 change = prepare()
-                await asyncio.to_thread(self.store.save_settings, change.document)
                 try:
+                    await asyncio.to_thread(self.store.save_settings, change.document)
                     return self.settings.commit(change)
                 except StaleSettingsChange:
                     # A memory-only Settings.patch() (start-up code, tests) slipped in during the
-                    # write: merge onto it and write again, so neither change is lost.
+                    # write, or (a fleet) another replica's change went live first: merge onto it
+                    # and write again, so neither change is lost.
                     continue
 
     # ------------------------------------------------------------------ upstream model lists

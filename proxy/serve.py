@@ -98,7 +98,8 @@ async def listening(
         server = config.server
         sock = bind_socket(server.host, server.port, token=server.management_token)
         try:
-            with _lock(state_path, sock):
+            # A fleet's replicas keep their state in Redis, not in a file: no file to lock.
+            with contextlib.nullcontext() if config.state.shared else _lock(state_path, sock):
                 runtime = _runtime(options, config, state_path, env)
                 try:
                     yield runtime, sock

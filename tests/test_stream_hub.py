@@ -100,7 +100,7 @@ async def test_counters_come_once_a_second_to_who_asks(monkeypatch: pytest.Monke
     assert kinds_of([chunk]) == ["counters"]
     data = json.loads(chunk.split(b"data: ", 1)[1])
     assert data == runtime.read.counters_api()
-    assert set(data) == {"uptimeMs", "requests", "lockoutTable"}
+    assert set(data) == {"uptimeMs", "requests", "lockoutTable", "stateBackend"}
     await messages.aclose()
     hub.close()
 

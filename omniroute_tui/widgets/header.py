@@ -25,6 +25,7 @@ SPARKLINE_WIDTH = 20
 
 BRAND = Style(bold=True, reverse=True)
 DIM = Style(dim=True)
+LOST = Style.parse("bold black on yellow")
 BOLD = Style(bold=True)
 LIVE = Style.parse("bold black on green")
 PAUSED = Style.parse("bold black on yellow")
@@ -126,7 +127,15 @@ def segments(spans: Spans, base: Style) -> list[Segment]:
 
 
 def title_key(header: Header) -> tuple[object, ...]:
-    return (header.url, header.version, header.uptime, header.live, header.read_only)
+    return (
+        header.url,
+        header.version,
+        header.uptime,
+        header.live,
+        header.read_only,
+        header.replica,
+        header.state,
+    )
 
 
 def title(header: Header) -> Spans:
@@ -134,7 +143,10 @@ def title(header: Header) -> Spans:
         (" omniroute ", BRAND),
         (f" {header.version}  ", DIM),
         (header.url, BOLD),
+        *([(f"  replica {header.replica}", DIM)] if header.replica else []),
         (f"  up {header.uptime}", DIM),
+        # The fleet's shared state is out of reach: this replica serves on what it knows.
+        *([(f"  state: {header.state}", LOST)] if header.state else []),
     ]
 
 

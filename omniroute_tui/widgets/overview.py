@@ -122,9 +122,12 @@ class OverviewPane(Vertical):
         self.cooling.border_title = "Connections needing attention"
         self.lockouts.border_title = "Longest lockouts"
         self.events.border_title = "Recent events"
+        self.replicas = Static("", id="overview-replicas")
+        self.replicas.display = False  # a fleet's only (docs/fleet.md)
 
     def compose(self) -> ComposeResult:
         yield self.tiles
+        yield self.replicas
         with Horizontal(id="overview-lists"):
             yield self.cooling
             yield self.lockouts
@@ -134,6 +137,9 @@ class OverviewPane(Vertical):
         old, self._shown = self._shown, overview
         # A box is laid out again only when its number of lines changed; a countdown ticking in
         # place is a repaint.
+        if old is None or old.replicas != overview.replicas:
+            self.replicas.display = bool(overview.replicas)
+            self.replicas.update(Text(overview.replicas))
         if old is None or old.tiles != overview.tiles:
             relayout = old is None or [t.provider for t in old.tiles] != [t.provider for t in overview.tiles]
             self.tiles.show_tiles(overview.tiles, relayout=relayout)

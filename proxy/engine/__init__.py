@@ -35,6 +35,7 @@ from proxy.resilience.lockout import MAX_LOCKOUT_ENTRIES, LockoutTableStatus
 from proxy.resilience.outcome import Outcome
 from proxy.scrub import Scrubber
 from proxy.settings import Settings
+from proxy.shared import SharedState
 from proxy.store import MemoryStore, StateStore, StoredState
 
 __all__ = [
@@ -98,6 +99,15 @@ class Engine:
         self._outcomes = Outcomes(layers, self.scrubber)
         self._actions = OperatorActions(layers)
         self._persistence = Persistence(layers, self.store)
+
+    @property
+    def shared(self) -> SharedState | None:
+        """A shared state backend (several replicas, one state; proxy/shared.py), or None (SQLite)."""
+        return self._layers.shared
+
+    @shared.setter
+    def shared(self, backend: SharedState | None) -> None:
+        self._layers.shared = backend
 
     @property
     def pins(self) -> OrderedDict[str, tuple[str, float]]:

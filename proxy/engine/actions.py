@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from proxy.engine.layers import EnginePart
 from proxy.resilience.events import Event
+from proxy.shared import reenable_op
 
 
 class OperatorActions(EnginePart):
@@ -20,7 +21,10 @@ class OperatorActions(EnginePart):
         if provider is not None and provider not in self.providers:
             raise KeyError(provider)
         ids = [provider] if provider is not None else list(self.providers)
+        shared = self._layers.shared
         for pid in ids:
+            if shared is not None:
+                shared.reset_breaker(pid, now)
             self.providers[pid].breaker.reset(now, "operator")
             self.dirty.breakers.add(pid)
         self._operator(f"reset breaker {provider or '--all'}", source)
@@ -32,8 +36,7 @@ class OperatorActions(EnginePart):
             raise KeyError(connection_id)
         ids = [connection_id] if connection_id is not None else list(self.connections)
         for cid in ids:
-            self.connections[cid].health.reset(now, "operator")
-            self.dirty.connections.add(cid)
+            self._layers.connection_op(cid, lambda h: h.reset(now, "operator"))
         self._operator(f"reset connection {connection_id or '--all'}", source)
         return len(ids)
 
@@ -41,8 +44,8 @@ class OperatorActions(EnginePart):
         if connection_id not in self.connections:
             raise KeyError(connection_id)
         conn = self.connections[connection_id]
-        conn.health.set_enabled(enabled, self.clock.now())
-        self.dirty.connections.add(connection_id)
+        now = self.clock.now()
+        self._layers.connection_op(connection_id, lambda h: h.set_enabled(enabled, now))
         if not enabled and conn.limiter is not None:
             conn.limiter.recheck()  # what waits in its queue is not sent to a disabled connection
         self._operator(f"{'enable' if enabled else 'disable'} {connection_id}", source)
@@ -52,19 +55,29 @@ class OperatorActions(EnginePart):
     ) -> int:
         """Lift the lockouts of one model: on one connection, or across the provider's connections."""
         runtime = self.providers.get(provider)
+        now = self.clock.now()
         if runtime is not None:
-            self.dirty.lockouts.update(
+            keys = [
                 (provider, c.spec.id, model)
                 for c in runtime.connections
                 if connection_id is None or c.spec.id == connection_id
-            )
-        removed = self.lockouts.reenable(provider, model, self.clock.now(), connection_id)
+            ]
+            self.dirty.lockouts.update(keys)
+            if self._layers.shared is not None:
+                for key in keys:
+                    self._layers.shared.lockout(key, reenable_op(key, now))
+        removed = self.lockouts.reenable(provider, model, now, connection_id)
         suffix = f" --connection {connection_id}" if connection_id else ""
         self._operator(f"reenable {provider}/{model}{suffix}", source)
         return removed
 
     def reenable_all(self, *, source: str = "api") -> int:
-        self.dirty.lockouts.update(self.lockouts.keys())
-        removed = self.lockouts.reenable_all(self.clock.now())
+        keys = self.lockouts.keys()
+        self.dirty.lockouts.update(keys)
+        now = self.clock.now()
+        if self._layers.shared is not None:
+            for key in keys:
+                self._layers.shared.lockout(key, reenable_op(key, now))
+        removed = self.lockouts.reenable_all(now)
         self._operator("reenable --all", source)
         return removed

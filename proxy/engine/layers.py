@@ -19,6 +19,7 @@ from proxy.resilience.events import Event, EventBus
 from proxy.resilience.lockout import LockoutTable
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.settings import Settings
+from proxy.shared import ConnectionOp, LockoutOp, SharedState
 
 
 class Dirty:
@@ -50,6 +51,8 @@ class Layers:
         self.clock = clock
         self.bus = bus
         self.dirty = Dirty()
+        self.shared: SharedState | None = None
+        """A shared state backend (several replicas, one state; proxy/shared.py), or None (SQLite)."""
         self.settings = settings or Settings(clock=clock, emit=self.emit)
         self.probe_timeout_ms = probe_timeout_ms
         self.lockouts = LockoutTable(max_entries=max_lockouts, emit=self.emit, on_drop=self._lockout_dropped)
@@ -91,7 +94,23 @@ class Layers:
             # A breaker also moves on a read (lazy recovery, OPEN -> HALF_OPEN), where no outcome
             # marks it dirty: every transition is persisted, or a restart would replay it later.
             self.dirty.breakers.add(event.key)
+        if self.shared is not None and self.shared.publishes(event):
+            return  # the backend's change feed brings it to every replica's bus, this one's included
         self.bus.publish(event)
+
+    def connection_op(self, connection_id: str, op: ConnectionOp) -> None:
+        """Apply one change to a connection's health: here, and (first) in the shared state."""
+        if self.shared is not None:
+            self.shared.connection(connection_id, op)
+        op(self.connections[connection_id].health)
+        self.dirty.connections.add(connection_id)
+
+    def lockout_op(self, key: tuple[str, str, str], op: LockoutOp) -> None:
+        """Apply one change to one triple's lockout: here, and (first) in the shared state."""
+        if self.shared is not None:
+            self.shared.lockout(key, op)
+        op(self.lockouts)
+        self.dirty.lockouts.add(key)
 
     def _lockout_dropped(self, key: tuple[str, str, str]) -> None:
         # An entry the table evicted or pruned by itself: the next persist() deletes its row, so a

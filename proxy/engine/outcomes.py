@@ -50,6 +50,9 @@ class Outcomes(EnginePart):
         verdict = classify(outcome, per_model_quota=provider.spec.per_model_quota, lockout=lockout_settings)
 
         breaker = provider.breaker
+        shared = self._layers.shared
+        if shared is not None and (verdict.breaker is not BreakerEffect.NONE or attempt.probe):
+            shared.breaker(pid, verdict.breaker, now, probe=attempt.probe)
         if verdict.breaker is BreakerEffect.SUCCESS:
             breaker.record_success(now, probe=attempt.probe_ticket)
         elif verdict.breaker is BreakerEffect.FAILURE:
@@ -65,8 +68,7 @@ class Outcomes(EnginePart):
             if health.terminal is None and (
                 health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
             ):
-                health.record_success(now)
-                self.dirty.connections.add(cid)
+                self._layers.connection_op(cid, lambda h: h.record_success(now))
         elif effect is not ConnectionEffect.NONE:
             error = _describe(outcome, verdict)
             if effect is ConnectionEffect.COOLDOWN:
@@ -76,41 +78,54 @@ class Outcomes(EnginePart):
                     if policy.use_upstream_retry_hints
                     else None
                 )
-                health.record_failure(
-                    now,
-                    policy,
-                    error=error,
-                    error_type=verdict.reason,
-                    code=outcome.status,
-                    hint_ms=hint,
-                    disable_cooling=conn.spec.disable_cooling,
+                reason, code, no_cooling = verdict.reason, outcome.status, conn.spec.disable_cooling
+                self._layers.connection_op(
+                    cid,
+                    lambda h: h.record_failure(
+                        now,
+                        policy,
+                        error=error,
+                        error_type=reason,
+                        code=code,
+                        hint_ms=hint,
+                        disable_cooling=no_cooling,
+                    ),
                 )
             else:
-                health.mark_terminal(now, effect.value, error=error, code=outcome.status)
-            self.dirty.connections.add(cid)
+                status, code = effect.value, outcome.status
+                self._layers.connection_op(
+                    cid, lambda h: h.mark_terminal(now, status, error=error, code=code)
+                )
 
         if verdict.lockout is LockoutEffect.DECAY:
             if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
-                self.lockouts.record_success(pid, cid, model, now)
-                self.dirty.lockouts.add((pid, cid, model))
+                self._layers.lockout_op((pid, cid, model), lambda t: t.record_success(pid, cid, model, now))
         elif verdict.lockout is LockoutEffect.LOCK:
             hint = (
                 parse_retry_hint(outcome.headers, outcome.body, now)
                 if outcome.headers or outcome.body
                 else None
             )
-            self.lockouts.record_failure(
-                pid,
-                cid,
-                model,
-                now,
-                lockout_settings,
-                status=outcome.status,
-                reason=verdict.reason,
-                hint_ms=hint,
-                started_at=attempt.started_at,
+            lock_status, lock_reason, lock_hint, started = (
+                outcome.status,
+                verdict.reason,
+                hint,
+                attempt.started_at,
             )
-            self.dirty.lockouts.add((pid, cid, model))
+            self._layers.lockout_op(
+                (pid, cid, model),
+                lambda t: t.record_failure(
+                    pid,
+                    cid,
+                    model,
+                    now,
+                    lockout_settings,
+                    status=lock_status,
+                    reason=lock_reason,
+                    hint_ms=lock_hint,
+                    started_at=started,
+                ),
+            )
 
         if (
             verdict.breaker is BreakerEffect.FAILURE
@@ -138,6 +153,8 @@ class Outcomes(EnginePart):
         starts over, so a probe that streams for longer than the lease keeps its slot."""
         if attempt.probe:
             attempt.provider.breaker.renew_probe(self.clock.now(), attempt.probe_ticket)
+            if self._layers.shared is not None:
+                self._layers.shared.probe_alive(attempt.provider.spec.id)
 
 
 def _describe(outcome: Outcome, verdict: Verdict) -> str:

@@ -314,6 +314,31 @@ class CircuitBreaker:
         # A HALF_OPEN record comes back with its probe slot free: the probe died with the process.
         return breaker
 
+    # -- shared state (several replicas, one breaker) -------------------------------------------
+
+    def load_record(self, record: Mapping[str, object]) -> None:
+        """Take the state of `record` (another replica's transition) in place; emits nothing.
+
+        The probe slot this replica holds survives while the breaker stays HALF_OPEN (the probe
+        is still ours to settle); any other state ends it. ValueError (nothing changes) for a bad
+        record, as for `from_record`."""
+        other = CircuitBreaker.from_record(record, self.policy, probe_timeout_ms=self.probe_timeout_ms)
+        self._state = other._state
+        self.failure_count = other.failure_count
+        self.open_cycle_count = other.open_cycle_count
+        self.opened_at = other.opened_at
+        self.last_failure_at = other.last_failure_at
+        self.last_transition_at = other.last_transition_at
+        self._open_until = other._open_until
+        if self._state is not _HALF_OPEN:
+            self._free_probe()
+
+    def hold_probe_elsewhere(self, until: float) -> None:
+        """Another replica holds the fleet's probe until `until` (its lease): this one sends none
+        meanwhile. Its outcome reaches this breaker as a state change, not through a ticket."""
+        self._probe_until = until
+        self._probe_owner = 0
+
     # -- internals -------------------------------------------------------------------------------
 
     def _probe_slot_free(self, now: float) -> bool:

@@ -13,7 +13,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Literal
 
-Layer = Literal["breaker", "connection", "lockout", "settings", "operator"]
+Layer = Literal["breaker", "connection", "lockout", "settings", "operator", "state"]
+"""`state`: the shared state backend was lost or is back (docs/fleet.md#when-redis-is-away)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -463,6 +463,11 @@ class LockoutTable:
             if entry.expires_at < self._prunable_after:
                 self._prunable_after = entry.expires_at
 
+    def discard(self, provider: str, connection_id: str, model: str) -> None:
+        """Forget one triple without an event: another replica removed it, and said so itself."""
+        if (provider, connection_id, model) in self._entries:
+            self._unindex((provider, connection_id, model))
+
     # -- internals -------------------------------------------------------------------------------
 
     def _insert(self, key: _Key, entry: LockoutEntry) -> None:

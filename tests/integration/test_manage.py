@@ -188,6 +188,7 @@ def test_health_of_a_fresh_instance(proxy: Instance) -> None:
             "refused": 0,
         },
         "requests": {"total": 0, "ok": 0, "failed": 0, "inFlight": 0},
+        "stateBackend": {"kind": "sqlite", "connected": True, "since": T0_ISO},
     }
 
 

@@ -1,0 +1,897 @@
+"""The Redis backend: several replicas, one resilience state (docs/fleet.md).
+
+`FleetState` is both the replica's `StateStore` (start-up load, settings writes) and the engine's
+`SharedState` (proxy/shared.py). How a decision travels:
+
+1. The engine decides on its memory tier (the request path reads nothing else) and hands the
+   decision to `FleetState` as an operation, before applying it locally.
+2. One worker task replays each operation, in order, on a fresh layer object built from the
+   shared record at the version this replica last saw, and writes the result with one Lua
+   script (`scripts.TRANSITION`) that only applies if that version is still current. On a
+   conflict it reads the current record and replays again: the layers' own rules (anti-herd,
+   later deadline wins, one OPEN per cycle) then decide on the fleet's state, not a stale copy.
+3. The script appends the new record and its events to the change feed (a Redis Stream). Every
+   replica tails it: it takes the record into its memory tier, then publishes the events on its
+   bus, so `/api/events` and the console show each fleet-wide transition once.
+
+The HALF_OPEN probe is a lease (`SET NX PX`) naming replica and ticket: one probe fleet-wide,
+settled only by its owner, expiring with a dead owner.
+
+When Redis is away the replica keeps serving on its memory tier (fail-open), says so (a `state`
+event, `stateBackend` in the health document), remembers what it changed, and reconciles when
+Redis is back (proxy/fleet/merge.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from proxy.config import Config
+from proxy.fleet.fingerprint import config_items, differences, fingerprint
+from proxy.fleet.merge import MERGES
+from proxy.fleet.scripts import RELEASE_PROBE, RENEW_PROBE, TRANSITION
+from proxy.resilience.breaker import Admission, CircuitBreaker
+from proxy.resilience.classify import BreakerEffect
+from proxy.resilience.clock import Clock, SystemClock
+from proxy.resilience.cooldown import ConnectionHealth
+from proxy.resilience.events import Event
+from proxy.resilience.lockout import LockoutEntry, LockoutTable, event_key, triple_of
+from proxy.resilience.timefmt import iso
+from proxy.settings import SECTIONS, Settings, StaleSettingsChange
+from proxy.shared import ConnectionOp, LockoutOp, apply_breaker_effect
+from proxy.store import StoredState, StoreError
+
+if TYPE_CHECKING:
+    from proxy.engine import Attempt, Engine
+
+log = logging.getLogger("omniroute.fleet")
+
+FEED_MAXLEN = 10_000
+"""The change feed keeps about this many entries (`MAXLEN ~`): the fleet's recent events."""
+LOCKOUT_TTL_MARGIN_MS = 60_000
+"""A lockout's key outlives its lock by this much, so a late reader still sees why it ended."""
+TOMBSTONE_TTL_MS = 600_000
+"""A removed lockout stays as an empty record this long: a replica back from a partition then
+learns it was removed, instead of writing its old copy back."""
+REPLICA_TTL_MS = 5_000
+HEARTBEAT_S = 1.0
+COMMAND_TIMEOUT_S = 1.0
+"""A command not answered within this is a lost Redis: the replica fails open rather than wait."""
+FEED_BLOCK_MS = 1_000
+RECONNECT_BACKOFF_S = (0.1, 2.0)
+MAX_REPLAYS = 16
+SETTINGS_CONFLICT_WAIT_S = 1.0
+STOP_TIMEOUT_S = 1.0
+_LAZY_REASONS = frozenset({"timeout_elapsed"})
+"""Transitions every replica derives on its own (lazy recovery): published locally, never shipped."""
+
+_Slot = tuple[str, str]  # (kind, id): kind b (breaker), c (connection), l (lockout)
+
+
+@dataclass(slots=True)
+class _Job:
+    kind: str
+    """b, c, l: a transition; x: an event only; renew: a probe lease's renewal."""
+    ident: str
+    mutate: Callable[[Any], object] | None = None
+    lease: bool = False
+    """A breaker job of the probe: give the lease back once it is recorded."""
+    event: Event | None = None
+
+
+class FleetUnavailable(StoreError):
+    """Redis cannot be reached at start-up, or the replica does not match its fleet."""
+
+    code = "state_backend_unavailable"
+
+
+class FleetState:
+    """The Redis backend of one replica (see the module docstring)."""
+
+    kind = "redis"
+
+    def __init__(self, config: Config, *, clock: Clock | None = None, replica_id: str | None = None) -> None:
+        self.url = config.state.backend
+        self.prefix = config.state.key_prefix
+        server = config.server
+        self.address = f"http://{server.host}:{server.port}"
+        self.replica_id = (
+            replica_id
+            or os.environ.get("OMNIROUTE_REPLICA_ID")
+            or (f"{socket.gethostname()}-{server.port}-{os.getpid()}")
+        )
+        self._clock: Clock = clock or SystemClock()
+        self._items = config_items(config)
+        # Typed Any: redis-py's stubs type every reply as a union of all replies.
+        self._sync: Any = redis.Redis.from_url(
+            self.url,
+            decode_responses=True,
+            socket_timeout=COMMAND_TIMEOUT_S * 2,
+            socket_connect_timeout=COMMAND_TIMEOUT_S * 2,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._cache: dict[_Slot, tuple[dict[str, Any] | None, int]] = {}
+        """What this replica knows of each shared record: (record, version). None: deleted/absent."""
+        self._pending: dict[_Slot, int] = {}
+        self._dirty: set[_Slot] = set()
+        """Records this replica changed while Redis was away: reconciled when it is back."""
+        self._leases: dict[str, str] = {}
+        self._quiet: set[tuple[str, str]] = set()
+        self._quiet_clear: asyncio.Handle | None = None
+        self._settings_version = 0
+        self._settings_dirty = False
+        self._settings_lock = threading.Lock()
+        self._feed_from = "0-0"
+        self.connected = False
+        """Transitions are written to Redis (False: fail-open, they stay local and are reconciled)."""
+        self.up = False
+        """What health, events and the console report: connected, and reconciled since it was lost."""
+        self.since = self._clock.now()
+        self.replicas: list[dict[str, Any]] = []
+        self.started_at = self._clock.now()
+        self._engine_: Engine | None = None
+        self._settings: Settings | None = None
+        self._bus: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: asyncio.Queue[_Job] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._r: Any = None
+        self._feed: Any = None
+        self._closed = False
+        self._stopping = False
+
+    # ------------------------------------------------------------------ keys
+
+    def key(self, kind: str, ident: str) -> str:
+        return f"{self.prefix}{kind}:{ident}"
+
+    @property
+    def feed_key(self) -> str:
+        return f"{self.prefix}feed"
+
+    @property
+    def settings_key(self) -> str:
+        return f"{self.prefix}settings"
+
+    # ------------------------------------------------------------------ StateStore (start-up, settings)
+
+    def load(self) -> StoredState:
+        """Check the fleet, then read the shared state (blocking: start-up only)."""
+        try:
+            self._sync.ping()
+        except RedisError as exc:
+            raise FleetUnavailable(
+                f"cannot reach the state backend {self._shown_url()}: {exc} "
+                '(start Redis there, or set [state] backend = "sqlite")'
+            ) from None
+        self._check_fleet()
+        last = self._sync.xrevrange(self.feed_key, count=1)
+        # The feed is read from here on: whatever happens after this read reaches the memory tier.
+        self._feed_from = last[0][0] if last else "0-0"
+        state = StoredState()
+        for kind in ("b", "c", "l"):
+            for name in self._sync.scan_iter(match=f"{self.prefix}{kind}:*", count=500):
+                version, text = self._sync.hmget(name, "v", "r")
+                ident = name[len(self.prefix) + 2 :]
+                record = json.loads(text) if text else None
+                self._cache[(kind, ident)] = (record, int(version or 0))
+                if record is None:
+                    continue
+                if kind == "b":
+                    state.breakers[ident] = record
+                elif kind == "c":
+                    state.connections[ident] = record
+                else:
+                    state.lockouts.append(record)
+        version, text = self._sync.hmget(self.settings_key, "v", "r")
+        if text:
+            state.settings = json.loads(text)
+            self._settings_version = int(version or 0)
+        state.meta = dict(self._sync.hgetall(f"{self.prefix}meta"))
+        self.connected = self.up = True
+        self.since = self._clock.now()
+        return state
+
+    def _check_fleet(self) -> None:
+        """Refuse to join a fleet whose providers, connections or combos differ from ours."""
+        name = f"{self.prefix}fleet:config"
+        mine = fingerprint(self._items)
+        stored = self._sync.get(name)
+        alive = any(True for _ in self._sync.scan_iter(match=f"{self.prefix}replica:*", count=100))
+        if stored is not None and alive:
+            fleet = json.loads(stored)
+            if fleet.get("fingerprint") != mine:
+                found = differences(self._items, fleet.get("items", {}))
+                raise FleetUnavailable(
+                    "this replica's config differs from its fleet's (the replicas sharing "
+                    f"{self._shown_url()} with key_prefix {self.prefix!r}): "
+                    + "; ".join(found or ["settings differ"])
+                    + ". Give every replica the same providers, connections and combos."
+                )
+            return
+        # No live replica: this config becomes the fleet's (a fleet restarted on a new config).
+        self._sync.set(name, json.dumps({"fingerprint": mine, "items": self._items}))
+
+    def _shown_url(self) -> str:
+        # Never the password a URL may carry.
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.url)
+        host = parts.hostname or parts.path
+        return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}"
+
+    def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        pass  # transitions travel as operations (see the module docstring), not as snapshots
+
+    def save_connections(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        pass
+
+    def save_lockouts(self, upserts: Any, deletes: Any) -> None:
+        pass
+
+    def save_pins(self, upserts: Any, deletes: Any) -> None:
+        pass  # session pins stay per replica (docs/fleet.md#what-is-shared)
+
+    def set_meta(self, key: str, value: str) -> None:
+        with contextlib.suppress(RedisError):
+            self._sync.hset(f"{self.prefix}meta", key, value)
+
+    def save_settings(self, document: Mapping[str, Any]) -> None:
+        """Write the settings document for the whole fleet, version-checked. Blocking (to_thread).
+
+        StaleSettingsChange when another replica changed the settings since this one last saw
+        them: by then the newer document is live here, and the caller merges its change onto it.
+        With Redis away the change is live on this replica only (fail-open) and written when
+        Redis is back, if no replica wrote a newer version meanwhile."""
+        text = json.dumps(document, separators=(",", ":"))
+        with self._settings_lock:
+            expected = self._settings_version
+            if not self.connected:
+                self._settings_dirty = True
+                self._settings_version = expected + 1
+                return
+            try:
+                ok, version, _ = self._sync.eval(
+                    TRANSITION,
+                    2,
+                    self.settings_key,
+                    self.feed_key,
+                    expected,
+                    "s",
+                    "settings",
+                    text,
+                    "[]",
+                    self.replica_id,
+                    0,
+                    FEED_MAXLEN,
+                )
+            except RedisError as exc:
+                self._settings_dirty = True
+                self._settings_version = expected + 1
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._lost, exc)
+                return
+            if ok:
+                self._settings_version = int(version)
+                return
+        deadline = time.monotonic() + SETTINGS_CONFLICT_WAIT_S
+        while self._settings_version < int(version) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        raise StaleSettingsChange("another replica changed the settings meanwhile")
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        return True
+
+    def purge(self, finds: Callable[[str], bool]) -> bool:
+        return False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(RedisError):
+            self._sync.delete(self.key("replica", self.replica_id))
+        self._sync.close()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def _engine(self) -> Engine:
+        assert self._engine_ is not None, "attach() first"
+        return self._engine_
+
+    def attach(self, engine: Engine, settings: Settings) -> None:
+        """Become `engine.shared` (after the engine restored the state `load` returned)."""
+        self._engine_ = engine
+        self._settings = settings
+        self._bus = engine.bus
+        engine.shared = self
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._jobs = asyncio.Queue()
+        options: dict[str, Any] = {"decode_responses": True, "retry": AsyncRetry(NoBackoff(), 0)}
+        self._r = aredis.Redis.from_url(
+            self.url, socket_timeout=COMMAND_TIMEOUT_S, socket_connect_timeout=COMMAND_TIMEOUT_S, **options
+        )
+        # Its own connection: XREAD BLOCK holds it for up to FEED_BLOCK_MS at a time.
+        self._feed = aredis.Redis.from_url(
+            self.url,
+            socket_timeout=FEED_BLOCK_MS / 1000 + COMMAND_TIMEOUT_S,
+            socket_connect_timeout=COMMAND_TIMEOUT_S,
+            **options,
+        )
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name="omniroute-fleet-feed"),
+            asyncio.create_task(self._work(), name="omniroute-fleet-worker"),
+            asyncio.create_task(self._heartbeat(), name="omniroute-fleet-heartbeat"),
+        ]
+
+    async def stop(self) -> None:
+        jobs = self._jobs
+        if jobs is not None and self.connected:
+            # What was decided before the stop reaches the fleet (briefly: a lost Redis gives up).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(jobs.join(), 2.0)
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        # Bounded: a task cancelled inside the Redis client's own reconnect logic may take its time.
+        await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+        self._tasks = []
+        if self._r is not None:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                # The Replicas line loses this replica at once, not when its key expires.
+                await asyncio.wait_for(self._r.delete(self.key("replica", self.replica_id)), STOP_TIMEOUT_S)
+        for client in (self._r, self._feed):
+            if client is not None:
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await asyncio.wait_for(client.aclose(), STOP_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ what the health document says
+
+    def status(self) -> dict[str, object]:
+        return {"kind": self.kind, "connected": self.up, "since": iso(self.since)}
+
+    def fleet(self) -> dict[str, object]:
+        return {"replica": self.replica_id, "address": self.address, "replicas": list(self.replicas)}
+
+    # ------------------------------------------------------------------ SharedState (from the engine)
+
+    def publishes(self, event: Event) -> bool:
+        if not self.connected or self._jobs is None:
+            return False
+        if event.layer == "operator":
+            self._enqueue(_Job("x", event.key, event=event))
+            return True
+        return (event.layer, event.key) in self._quiet
+
+    def breaker(self, provider: str, effect: BreakerEffect, now: float, *, probe: bool) -> None:
+        if not probe and effect is BreakerEffect.SUCCESS:
+            record = self._cache.get(("b", provider), (None, 0))[0]
+            if record is None or (record.get("state") == "CLOSED" and not record.get("failure_count")):
+                return  # the usual success on a healthy provider changes nothing anywhere
+        clock = self._clock
+
+        def mutate(b: CircuitBreaker) -> None:
+            ticket = 0
+            if probe and b.admit(clock.now()) is Admission.PROBE:
+                ticket = b.probe_ticket
+            apply_breaker_effect(b, effect, now, ticket)
+
+        self._submit("breaker", _Job("b", provider, mutate, lease=probe))
+
+    def reset_breaker(self, provider: str, now: float) -> None:
+        self._submit("breaker", _Job("b", provider, lambda b: b.reset(now, "operator")))
+
+    def connection(self, connection_id: str, op: ConnectionOp) -> None:
+        self._submit("connection", _Job("c", connection_id, op))
+
+    def lockout(self, key: tuple[str, str, str], op: LockoutOp) -> None:
+        self._submit("lockout", _Job("l", event_key(*key), op))
+
+    def probe_alive(self, provider: str) -> None:
+        if provider in self._leases and self._jobs is not None:
+            self._enqueue(_Job("renew", provider))
+
+    async def take_probe(self, attempt: Attempt) -> bool:
+        """Take the fleet's probe lease for an attempt `select` admitted as the HALF_OPEN probe.
+
+        False when another replica holds it: the attempt is withdrawn (its slot given back) and
+        the breaker holds the probe slot for the other replica's lease. Fail-open: with Redis away
+        the local probe goes ahead (each replica then probes on its own, as one replica would)."""
+        provider = attempt.provider.spec.id
+        if not self.connected or self._r is None:
+            return True
+        owner = f"{self.replica_id}:{attempt.probe_ticket}"
+        lease = self.key("probe", provider)
+        ttl = int(self._engine.probe_timeout_ms)
+        try:
+            taken = await self._r.set(lease, owner, nx=True, px=ttl)
+            remaining = 0 if taken else await self._r.pttl(lease)
+        except RedisError as exc:
+            self._lost(exc)
+            return True
+        if taken:
+            self._leases[provider] = owner
+            return True
+        now = self._clock.now()
+        attempt.connection.in_flight -= 1
+        breaker = attempt.provider.breaker
+        breaker.release_probe(now, attempt.probe_ticket)
+        breaker.hold_probe_elsewhere(now + max(int(remaining), 50))
+        return False
+
+    def _submit(self, layer: str, job: _Job) -> None:
+        if self._jobs is None:
+            return
+        # The engine applies the same change locally right after this call: its events are the
+        # ones the replay publishes through the feed, so they stay quiet here for this step.
+        self._quiet.add((layer, job.ident))
+        if self._quiet_clear is None and self._loop is not None:
+            self._quiet_clear = self._loop.call_soon(self._unquiet)
+        self._enqueue(job)
+
+    def _unquiet(self) -> None:
+        self._quiet.clear()
+        self._quiet_clear = None
+
+    def _enqueue(self, job: _Job) -> None:
+        assert self._jobs is not None
+        slot = (job.kind, job.ident)
+        self._pending[slot] = self._pending.get(slot, 0) + 1
+        self._jobs.put_nowait(job)
+
+    # ------------------------------------------------------------------ the worker: replay and write
+
+    async def _work(self) -> None:
+        assert self._jobs is not None
+        while not self._stopping:
+            job = await self._jobs.get()
+            slot = (job.kind, job.ident)
+            try:
+                if not self.connected:
+                    if job.kind in ("b", "c", "l"):
+                        self._dirty.add(slot)
+                elif job.kind == "x":
+                    await self._send_event(job)
+                elif job.kind == "renew":
+                    await self._renew(job.ident)
+                else:
+                    await self._transition(job)
+            except (RedisError, OSError) as exc:
+                if job.kind in ("b", "c", "l"):
+                    self._dirty.add(slot)
+                if self._stopping:
+                    return
+                self._lost(exc)
+            except Exception:
+                log.exception("fleet: could not share a transition of %s", slot)
+            finally:
+                left = self._pending.get(slot, 1) - 1
+                if left > 0:
+                    self._pending[slot] = left
+                else:
+                    self._pending.pop(slot, None)
+                self._jobs.task_done()
+
+    async def _transition(self, job: _Job) -> None:
+        assert self._r is not None and job.mutate is not None
+        slot = (job.kind, job.ident)
+        for _ in range(MAX_REPLAYS):
+            record, version = self._cache.get(slot, (None, 0))
+            events: list[Event] = []
+            fresh = self._fresh(job.kind, job.ident, record, events.append)
+            if fresh is None:
+                return
+            job.mutate(fresh)
+            new = self._record_of(job.kind, job.ident, fresh)
+            shipped = [e for e in events if e.reason not in _LAZY_REASONS]
+            if new == record and not shipped:
+                # Nothing to write: the shared record already says it (or, after a conflict, says
+                # more). This replica's memory tier may have applied its own stale decision: it
+                # takes the shared record instead.
+                if self._pending.get(slot, 0) <= 1:
+                    self._adopt(job.kind, job.ident, record)
+                break
+            ok, current_version, rest = await self._write(job.kind, job.ident, version, new, shipped)
+            if ok:
+                self._cache[slot] = (new, int(current_version))
+                if self._pending.get(slot, 0) <= 1:
+                    self._adopt(job.kind, job.ident, new)
+                break
+            # Another replica moved this record first: decide again on what it wrote.
+            self._cache[slot] = (json.loads(rest) if rest else None, int(current_version))
+        else:
+            log.warning("fleet: gave up sharing %s after %d conflicts", slot, MAX_REPLAYS)
+        if job.lease:
+            await self._release(job.ident)
+
+    async def _write(
+        self, kind: str, ident: str, version: int, record: Mapping[str, Any] | None, events: list[Event]
+    ) -> tuple[int, int, str]:
+        assert self._r is not None
+        ttl = 0
+        if kind == "l":
+            now = self._clock.now()
+            ttl = (
+                TOMBSTONE_TTL_MS
+                if record is None
+                else int(max(0.0, float(record["expires_at"]) - now)) + LOCKOUT_TTL_MARGIN_MS
+            )
+        result = await self._r.eval(
+            TRANSITION,
+            2,
+            self.key(kind, ident),
+            self.feed_key,
+            version,
+            kind,
+            ident,
+            "" if record is None else json.dumps(record, separators=(",", ":")),
+            json.dumps([e.to_dict() for e in events], separators=(",", ":")),
+            self.replica_id,
+            ttl,
+            FEED_MAXLEN,
+        )
+        return int(result[0]), int(result[1]), str(result[2] or "")
+
+    async def _send_event(self, job: _Job) -> None:
+        assert self._r is not None and job.event is not None
+        await self._r.xadd(
+            self.feed_key,
+            {"k": "x", "i": job.ident, "e": json.dumps([job.event.to_dict()]), "o": self.replica_id},
+            maxlen=FEED_MAXLEN,
+            approximate=True,
+        )
+
+    async def _release(self, provider: str) -> None:
+        owner = self._leases.pop(provider, None)
+        if owner is None or self._r is None:
+            return
+        await self._r.eval(
+            RELEASE_PROBE,
+            2,
+            self.key("probe", provider),
+            self.feed_key,
+            owner,
+            provider,
+            self.replica_id,
+            FEED_MAXLEN,
+        )
+
+    async def _renew(self, provider: str) -> None:
+        owner = self._leases.get(provider)
+        if owner is None or self._r is None:
+            return
+        ttl = int(self._engine.probe_timeout_ms)
+        await self._r.eval(RENEW_PROBE, 1, self.key("probe", provider), owner, ttl)
+
+    # ------------------------------------------------------------------ layer objects from records
+
+    def _fresh(
+        self, kind: str, ident: str, record: Mapping[str, Any] | None, emit: Callable[[Event], None]
+    ) -> Any:
+        engine = self._engine
+        if kind == "b":
+            runtime = engine.providers.get(ident)
+            if runtime is None:
+                return None
+            policy = engine.settings.breaker_policy(runtime.spec.provider_class)
+            if record is None:
+                return CircuitBreaker(
+                    ident,
+                    runtime.spec.provider_class,
+                    policy,
+                    probe_timeout_ms=engine.probe_timeout_ms,
+                    emit=emit,
+                )
+            return CircuitBreaker.from_record(
+                record, policy, probe_timeout_ms=engine.probe_timeout_ms, emit=emit
+            )
+        if kind == "c":
+            conn = engine.connections.get(ident)
+            if conn is None:
+                return None
+            health = ConnectionHealth(ident, conn.spec.provider, enabled=conn.spec.enabled, emit=emit)
+            if record is not None:
+                health.load_record(record)
+            return health
+        table = LockoutTable(emit=emit)
+        if record is not None:
+            table.restore([LockoutEntry.from_record(record)])
+        return table
+
+    def _record_of(self, kind: str, ident: str, obj: Any) -> dict[str, Any] | None:
+        if kind == "l":
+            entry = obj.get(*triple_of(ident))
+            return None if entry is None else _plain(entry.to_record())
+        return _plain(obj.to_record())
+
+    def _adopt(self, kind: str, ident: str, record: Mapping[str, Any] | None) -> None:
+        """Take a shared record into this replica's memory tier (no events: the feed brings them)."""
+        engine = self._engine
+        try:
+            if kind == "b":
+                runtime = engine.providers.get(ident)
+                if runtime is not None and record is not None:
+                    runtime.breaker.load_record(record)
+            elif kind == "c":
+                conn = engine.connections.get(ident)
+                if conn is not None and record is not None:
+                    conn.health.load_record(record)
+            elif kind == "l":
+                provider, connection_id, model = triple_of(ident)
+                if record is None:
+                    engine.lockouts.discard(provider, connection_id, model)
+                elif provider in engine.providers and connection_id in engine.connections:
+                    engine.lockouts.restore([LockoutEntry.from_record(record)])
+        except ValueError as exc:
+            log.warning("fleet: ignored a bad shared record for %s %s: %s", kind, ident, exc)
+
+    # ------------------------------------------------------------------ the change feed
+
+    async def _supervise(self) -> None:
+        """Tail the feed; on a lost Redis, retry with backoff, then reconcile and tail again."""
+        delay = RECONNECT_BACKOFF_S[0]
+        while not self._stopping:
+            try:
+                if not self.connected:
+                    await self._reconnect()
+                    delay = RECONNECT_BACKOFF_S[0]
+                await self._tail()
+            except (RedisError, OSError) as exc:
+                # A stop's cancellation can reach us as the Redis client's own error: not an outage.
+                if self._stopping:
+                    return
+                self._lost(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_BACKOFF_S[1])
+            except Exception:
+                if self._stopping:
+                    return
+                log.exception("fleet: the change feed failed; retrying")
+                await asyncio.sleep(delay)
+
+    async def _tail(self) -> None:
+        assert self._feed is not None
+        while True:
+            reply = await self._feed.xread({self.feed_key: self._feed_from}, count=500, block=FEED_BLOCK_MS)
+            for _stream, entries in reply or ():
+                for entry_id, fields in entries:
+                    self._feed_from = entry_id
+                    self._on_entry(fields)
+
+    def _on_entry(self, fields: Mapping[str, str]) -> None:
+        kind, ident, origin = fields.get("k", ""), fields.get("i", ""), fields.get("o", "")
+        if kind in ("b", "c", "l"):
+            version = int(fields.get("v") or 0)
+            slot = (kind, ident)
+            if version > self._cache.get(slot, (None, 0))[1]:
+                text = fields.get("r") or ""
+                record = json.loads(text) if text else None
+                self._cache[slot] = (record, version)
+                if not self._pending.get(slot):
+                    self._adopt(kind, ident, record)
+        elif kind == "s":
+            version = int(fields.get("v") or 0)
+            if origin != self.replica_id and version > self._settings_version:
+                self._adopt_settings(json.loads(fields.get("r") or "{}"), version)
+        elif kind == "p":
+            runtime = self._engine.providers.get(ident)
+            if origin != self.replica_id and runtime is not None and runtime.breaker.probe_ticket == 0:
+                runtime.breaker.hold_probe_elsewhere(self._clock.now())  # the fleet's probe is free again
+        self._publish(fields.get("e"))
+
+    def _publish(self, text: str | None) -> None:
+        if not text or text == "[]":
+            return
+        for raw in json.loads(text):
+            self._bus.publish(
+                Event(
+                    ts=float(raw["ts"]),
+                    layer=raw["layer"],
+                    key=str(raw["key"]),
+                    from_=str(raw["from"]),
+                    to=str(raw["to"]),
+                    reason=str(raw["reason"]),
+                )
+            )
+
+    def _adopt_settings(self, document: Mapping[str, Any], version: int) -> None:
+        settings = self._settings
+        assert settings is not None
+        with self._settings_lock:
+            self._settings_version = version
+            self._settings_dirty = False
+        for group, names in SECTIONS.items():
+            part = {name: document[name] for name in names if name in document}
+            for _ in range(3):
+                try:
+                    settings.commit(settings.prepare(part, group))
+                    break
+                except StaleSettingsChange:
+                    continue  # a local change went live in between: merge onto it
+                except Exception:
+                    log.exception("fleet: could not apply the fleet's settings (version %d)", version)
+                    break
+
+    # ------------------------------------------------------------------ losing and regaining Redis
+
+    def _lost(self, exc: BaseException) -> None:
+        if self._stopping:
+            return
+        self.connected = False
+        if not self.up:
+            return  # said already (or lost again while reconciling: still the same outage)
+        self.up = False
+        self.since = self._clock.now()
+        reason = (str(exc) or type(exc).__name__)[:200]
+        log.warning("fleet: lost the state backend (%s); serving on this replica's memory", reason)
+        self._bus.publish(Event(self.since, "state", "redis", "connected", "disconnected", reason))
+
+    async def _reconnect(self) -> None:
+        assert self._r is not None
+        await self._r.ping()
+        last = await self._r.xrevrange(self.feed_key, count=1)
+        # A Redis that came back empty (restarted without persistence) has a new feed: read all of it.
+        self._feed_from = last[0][0] if last else "0-0"
+        # Connected first: transitions from here on are written (and replayed on conflict) as
+        # usual, while the reconcile below merges what changed while Redis was away.
+        self.connected = True
+        merged = await self._reconcile()
+        self.up = True
+        self.since = self._clock.now()
+        log.warning("fleet: the state backend is back; %d records reconciled", merged)
+        self._bus.publish(
+            Event(self.since, "state", "redis", "disconnected", "connected", f"reconciled {merged}")
+        )
+
+    async def _reconcile(self) -> int:
+        """Merge this replica's memory tier with Redis; returns how many records it wrote."""
+        assert self._r is not None
+        engine = self._engine
+        dirty, self._dirty = self._dirty, set()
+        written = 0
+        for pid, runtime in engine.providers.items():
+            written += await self._reconcile_one("b", pid, _plain(runtime.breaker.to_record()), dirty)
+        for cid, conn in engine.connections.items():
+            written += await self._reconcile_one("c", cid, _plain(conn.health.to_record()), dirty)
+        idents = {event_key(*key) for key in engine.lockouts.keys()}  # noqa: SIM118 (a method, not a dict)
+        async for name in self._r.scan_iter(match=f"{self.prefix}l:*", count=500):
+            idents.add(name[len(self.prefix) + 2 :])
+        for ident in idents:
+            entry = engine.lockouts.get(*triple_of(ident))
+            local = None if entry is None else _plain(entry.to_record())
+            written += await self._reconcile_one("l", ident, local, dirty)
+        written += await self._reconcile_settings()
+        return written
+
+    async def _reconcile_one(
+        self, kind: str, ident: str, local: dict[str, Any] | None, dirty: set[tuple[str, str]]
+    ) -> int:
+        assert self._r is not None
+        slot = (kind, ident)
+        for _ in range(MAX_REPLAYS):
+            version_text, text = await self._r.hmget(self.key(kind, ident), ["v", "r"])
+            version = int(version_text or 0)
+            remote = json.loads(text) if text else None
+            if slot not in dirty and version > 0:
+                # Unchanged here while away: the fleet's record is the truth.
+                self._cache[slot] = (remote, version)
+                self._adopt(kind, ident, remote)
+                return 0
+            merged = MERGES[kind](local, remote)
+            if kind == "l" and merged is not None and float(merged["expires_at"]) <= self._clock.now():
+                merged = remote if remote is not None else None
+            if merged == remote:
+                self._cache[slot] = (remote, version)
+                self._adopt(kind, ident, remote)
+                return 0
+            ok, new_version, _ = await self._write(kind, ident, version, merged, [])
+            if ok:
+                self._cache[slot] = (merged, new_version)
+                self._adopt(kind, ident, merged)
+                return 1
+        return 0
+
+    async def _reconcile_settings(self) -> int:
+        assert self._r is not None and self._settings is not None
+        version_text, text = await self._r.hmget(self.settings_key, ["v", "r"])
+        remote_version = int(version_text or 0)
+        with self._settings_lock:
+            dirty, local_version = self._settings_dirty, self._settings_version
+        if dirty and local_version > remote_version:
+            # The highest version wins: this replica's change made while away.
+            document = json.dumps(self._settings.document(), separators=(",", ":"))
+            ok, version = await self._write_settings(remote_version, document)
+            if ok:
+                with self._settings_lock:
+                    self._settings_version, self._settings_dirty = version, False
+                return 1
+            return 0
+        with self._settings_lock:
+            self._settings_dirty = False
+        if text and (remote_version > local_version or dirty):
+            self._adopt_settings(json.loads(text), remote_version)
+        elif not text:
+            # Redis came back empty: the settings this replica runs on are the fleet's again.
+            document = json.dumps(self._settings.document(), separators=(",", ":"))
+            ok, version = await self._write_settings(0, document)
+            if ok:
+                with self._settings_lock:
+                    self._settings_version = version
+                return 1
+        return 0
+
+    async def _write_settings(self, expected: int, document: str) -> tuple[bool, int]:
+        assert self._r is not None
+        result = await self._r.eval(
+            TRANSITION,
+            2,
+            self.settings_key,
+            self.feed_key,
+            expected,
+            "s",
+            "settings",
+            document,
+            "[]",
+            self.replica_id,
+            0,
+            FEED_MAXLEN,
+        )
+        return bool(int(result[0])), int(result[1])
+
+    # ------------------------------------------------------------------ replicas
+
+    async def _heartbeat(self) -> None:
+        while not self._stopping:
+            if self.connected and self._r is not None:
+                try:
+                    await self._beat()
+                except (RedisError, OSError) as exc:
+                    if self._stopping:
+                        return  # a stop's cancellation, as the Redis client reports it
+                    self._lost(exc)
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _beat(self) -> None:
+        assert self._r is not None
+        now = self._clock.now()
+        engine = self._engine
+        me = {
+            "id": self.replica_id,
+            "address": self.address,
+            "startedAt": iso(self.started_at),
+            "uptimeMs": int(now - self.started_at),
+            "inFlight": engine.stats.in_flight,
+            "lastSeen": iso(now),
+        }
+        await self._r.set(self.key("replica", self.replica_id), json.dumps(me), px=REPLICA_TTL_MS)
+        names = [name async for name in self._r.scan_iter(match=f"{self.prefix}replica:*", count=100)]
+        values = await self._r.mget(names) if names else []
+        replicas = [json.loads(v) for v in values if v]
+        replicas.sort(key=lambda r: str(r.get("id")))
+        self.replicas = replicas
+
+
+def _plain(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record as it reads back from JSON, so a local one and a stored one compare equal."""
+    result: dict[str, Any] = json.loads(json.dumps(record))
+    return result

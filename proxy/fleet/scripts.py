@@ -1,0 +1,48 @@
+"""The Lua scripts that make each shared transition atomic on Redis.
+
+A script runs alone on the server: the version compare, the write and the change-feed entry
+happen together or not at all, so no other replica's transition can fall between reading the
+version and writing the record.
+"""
+
+TRANSITION = """
+-- KEYS[1] the record's hash, KEYS[2] the change feed (a stream)
+-- ARGV: expected version, kind, id, record JSON ('' = deleted), events JSON, origin replica,
+--       key TTL in ms (0 = none), feed MAXLEN
+local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if v ~= tonumber(ARGV[1]) then
+  return {0, v, redis.call('HGET', KEYS[1], 'r') or ''}
+end
+v = v + 1
+redis.call('HSET', KEYS[1], 'v', v, 'r', ARGV[4])
+local ttl = tonumber(ARGV[7])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+else
+  redis.call('PERSIST', KEYS[1])
+end
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*',
+  'k', ARGV[2], 'i', ARGV[3], 'v', v, 'r', ARGV[4], 'e', ARGV[5], 'o', ARGV[6])
+return {1, v, id}
+"""
+"""Apply a transition only if the record is still at the version the caller decided on."""
+
+RELEASE_PROBE = """
+-- KEYS[1] the probe lease, KEYS[2] the change feed; ARGV: owner, provider, origin, feed MAXLEN
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'k', 'p', 'i', ARGV[2], 'o', ARGV[3])
+  return 1
+end
+return 0
+"""
+"""Give the fleet's probe lease back, only if we still own it, and tell the fleet it is free."""
+
+RENEW_PROBE = """
+-- KEYS[1] the probe lease; ARGV: owner, lease in ms
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+"""Start an owned probe lease over (the probe made progress)."""

@@ -1,0 +1,82 @@
+"""The seam between the engine and a shared state backend (several replicas, one state).
+
+The engine keeps deciding everything on its own in-memory layers (the memory tier: the request
+path reads nothing else). With a shared backend attached (`Engine.shared`), it also hands the
+backend each decision as an *operation*: a function that applies the same change to a layer
+object. The backend re-applies that operation to the state it holds for the whole fleet, so a
+decision made on a stale local view is re-decided on the current shared one (the optimistic
+"compare version, retry on conflict" of docs/fleet.md), and the layers' own rules (anti-herd,
+later deadline wins, one OPEN per cycle) hold fleet-wide without being written twice.
+
+Nothing here knows how the state is shared: `proxy.fleet` implements this protocol on Redis.
+Without a backend (`Engine.shared is None`, the SQLite default) none of this runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from proxy.resilience.classify import BreakerEffect
+
+if TYPE_CHECKING:
+    from proxy.engine import Attempt
+    from proxy.resilience.breaker import CircuitBreaker
+    from proxy.resilience.cooldown import ConnectionHealth
+    from proxy.resilience.events import Event
+    from proxy.resilience.lockout import LockoutTable
+
+ConnectionOp = Callable[["ConnectionHealth"], object]
+"""Applies one change to a connection's health (a success, a failure, a reset...)."""
+LockoutOp = Callable[["LockoutTable"], object]
+"""Applies one change to a lockout table that holds (at most) the one triple it concerns."""
+
+
+class SharedState(Protocol):
+    def publishes(self, event: Event) -> bool:
+        """True when the backend delivers `event` to every replica's bus itself (through its change
+        feed), so the engine must not publish it too; False when the engine publishes it as usual
+        (a derived transition such as lazy recovery, or the backend is unreachable: fail-open)."""
+        ...
+
+    def breaker(self, provider: str, effect: BreakerEffect, now: float, *, probe: bool) -> None:
+        """An outcome's effect on a provider's breaker; `probe`: the attempt was the HALF_OPEN probe.
+        Called before the engine applies it locally."""
+        ...
+
+    def reset_breaker(self, provider: str, now: float) -> None:
+        """An operator reset of one breaker. Called before the engine applies it locally."""
+        ...
+
+    def connection(self, connection_id: str, op: ConnectionOp) -> None:
+        """A change to one connection's health. Called before the engine applies `op` locally."""
+        ...
+
+    def lockout(self, key: tuple[str, str, str], op: LockoutOp) -> None:
+        """A change to one (provider, connection, model) lockout. Called before the engine applies it."""
+        ...
+
+    def probe_alive(self, provider: str) -> None:
+        """The probe this replica holds made progress: its fleet-wide lease starts over."""
+        ...
+
+    async def take_probe(self, attempt: Attempt) -> bool:
+        """Before an attempt admitted as the HALF_OPEN probe is sent: take the fleet's one probe.
+        False: another replica holds it; the attempt is withdrawn and must not be sent."""
+        ...
+
+
+def apply_breaker_effect(breaker: CircuitBreaker, effect: BreakerEffect, now: float, ticket: int) -> None:
+    """What `Engine.record` does to a breaker for one outcome (`ticket`: the probe's, else 0)."""
+    if effect is BreakerEffect.SUCCESS:
+        breaker.record_success(now, probe=ticket)
+    elif effect is BreakerEffect.FAILURE:
+        breaker.record_failure(now, probe=ticket)
+    elif ticket:
+        breaker.release_probe(now, ticket)
+
+
+def reenable_op(key: tuple[str, str, str], now: float) -> LockoutOp:
+    """The operator's re-enable of one triple, as an operation."""
+    provider, connection_id, model = key
+    return lambda table: table.reenable(provider, model, now, connection_id)

@@ -1,0 +1,167 @@
+"""Redis away and back (docs/fleet.md#when-redis-is-away, docs/fleet.md#reconcile), with real replicas.
+
+Replica A reaches Redis through a `TcpGate` the test cuts and heals; replica B reaches it directly.
+While A is cut off, both keep serving and each records what it sees; when the gate heals, A
+reconciles, and B, which never lost Redis, shows the merged state. One test per rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.fakes.upstream import FakeUpstream, Reply
+from tests.fleet.conftest import REDIS_URL, Fleet, OwnRedis, Replica, TcpGate, wait_for
+
+NO_WAITING = {"comboCooldownWait": {"enabled": False}}
+
+
+def connected(replica: Replica) -> bool:
+    return bool(replica.health()["stateBackend"]["connected"])
+
+
+def split_fleet(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], **config: Any
+) -> tuple[Fleet, Replica, Replica, TcpGate]:
+    """A (through a gate) and B (direct), with answers at once when nothing is eligible."""
+    gate = gates(6379)
+    fleet = make_fleet(0, **config)
+    a = fleet.add("a", backend=gate.url)
+    b = fleet.add("b", backend=REDIS_URL)
+    assert a.patch("/api/resilience", NO_WAITING).status_code == 200
+    wait_for(
+        lambda: b.client.get("/api/resilience").json()["comboCooldownWait"]["enabled"] is False, 1, "settings"
+    )
+    return fleet, a, b, gate
+
+
+def cut_off(a: Replica, gate: TcpGate, *, drop: bool = False) -> None:
+    gate.cut(drop=drop)
+    wait_for(lambda: not connected(a), 5, "A notices it lost Redis")
+
+
+def heal(a: Replica, gate: TcpGate) -> None:
+    gate.heal()
+    wait_for(lambda: connected(a), 10, "A is back and reconciled")
+
+
+def test_a_replica_that_loses_redis_keeps_serving_and_says_so_everywhere(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate]
+) -> None:
+    _, a, b, gate = split_fleet(make_fleet, gates)
+    cut_off(a, gate, drop=True)  # packets dropped: A learns it only from its own timeouts
+    assert [a.chat().status_code for _ in range(5)] == [200] * 5  # fail-open on its memory tier
+    health = a.health()["stateBackend"]
+    assert health["kind"] == "redis" and health["connected"] is False and health["since"]
+    lost = [e for e in a.events("state") if e["to"] == "disconnected"]
+    assert len(lost) == 1 and lost[0]["key"] == "redis"
+    heal(a, gate)
+    assert [e["to"] for e in a.events("state")] == ["disconnected", "connected"]
+    assert b.health()["stateBackend"]["connected"] is True
+
+
+def test_reconcile_deadlines_merge_and_the_later_wins(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, _ = upstream
+    _, a, b, gate = split_fleet(make_fleet, gates, provider_class="apikey")
+    cut_off(a, gate)
+    fake.script(Reply("error", status=429, headers={"retry-after": "120"}))
+    assert a.chat().status_code == 200  # alpha-1 said 429 (cooling 120 s on A only), alpha-2 served
+    fake.script(Reply("error", status=429, headers={"retry-after": "10"}))
+    assert b.chat().status_code == 200  # alpha-1 cooling 10 s in Redis
+    assert b.connection("alpha-1")["cooldownRemainingMs"] <= 10_000
+    heal(a, gate)
+    wait_for(
+        lambda: b.connection("alpha-1")["cooldownRemainingMs"] > 100_000, 1, "B takes A's later deadline"
+    )
+    assert a.connection("alpha-1")["cooldownRemainingMs"] > 100_000
+
+
+def test_reconcile_a_terminal_state_wins_over_a_cooldown(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, _ = upstream
+    _, a, b, gate = split_fleet(make_fleet, gates, provider_class="apikey")
+    cut_off(a, gate)
+    fake.script(Reply("error", status=401))
+    assert a.chat().status_code == 200  # alpha-1: 401 -> expired, on A only
+    assert a.connection("alpha-1")["status"] == "expired"
+    fake.script(Reply("error", status=429, headers={"retry-after": "30"}))
+    assert b.chat().status_code == 200
+    assert b.connection("alpha-1")["status"] == "cooling"
+    heal(a, gate)
+    wait_for(lambda: b.connection("alpha-1")["status"] == "expired", 1, "B takes the terminal state")
+    assert a.connection("alpha-1")["status"] == "expired"
+
+
+def test_reconcile_breaker_counts_take_the_larger(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, _ = upstream
+    _, a, b, gate = split_fleet(make_fleet, gates, provider_class="apikey", disable_cooling=True)
+    cut_off(a, gate)
+    fake.default(Reply("error", status=503))
+    for _ in range(3):
+        a.chat()  # both connections fail each time: 6 failures on A (apikey degrades at 7)
+    b.chat()  # 2 failures in Redis
+    assert a.breaker()["failureCount"] == 6 and b.breaker()["failureCount"] == 2
+    heal(a, gate)
+    wait_for(lambda: b.breaker()["failureCount"] == 6, 1, "B takes the larger count")
+    assert a.breaker()["failureCount"] == 6
+
+
+@pytest.mark.parametrize("b_patches_too", [False, True], ids=["only A changed", "both changed"])
+def test_reconcile_settings_take_the_highest_version(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], b_patches_too: bool
+) -> None:
+    _, a, b, gate = split_fleet(make_fleet, gates)
+    cut_off(a, gate)
+    # Acknowledged by A while away: live on A at once (fail-open).
+    assert (
+        a.patch("/api/resilience", {"providerBreaker": {"local": {"failureThreshold": 20}}}).status_code
+        == 200
+    )
+    assert a.breaker()["failureThreshold"] == 20
+    if b_patches_too:
+        # Both wrote one version past the last shared one: a tie, and the fleet's version (B's) wins.
+        assert (
+            b.patch("/api/resilience", {"providerBreaker": {"local": {"failureThreshold": 30}}}).status_code
+            == 200
+        )
+    heal(a, gate)
+    expected = 30 if b_patches_too else 20
+    for replica in (a, b):
+        wait_for(
+            lambda r=replica: r.breaker()["failureThreshold"] == expected, 1, f"{expected} on {replica.name}"
+        )
+
+
+def test_redis_restarted_empty_gets_back_everything_acknowledged_before(
+    make_fleet: Callable[..., Fleet], own_redis: OwnRedis, upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, _ = upstream
+    fleet = make_fleet(2, backend=own_redis.url, provider_class="apikey")
+    a, b = fleet[0], fleet[1]
+    assert (
+        a.patch(
+            "/api/resilience", {**NO_WAITING, "providerBreaker": {"apikey": {"failureThreshold": 40}}}
+        ).status_code
+        == 200
+    )
+    fake.script(Reply("error", status=429, headers={"retry-after": "300"}))
+    assert a.chat().status_code == 200
+    wait_for(lambda: b.connection("alpha-1")["status"] == "cooling", 1, "the cooldown is shared")
+
+    own_redis.stop()
+    wait_for(lambda: not connected(a) and not connected(b), 5, "both notice")
+    own_redis.start()  # same port, no persistence: it comes back empty
+    wait_for(lambda: connected(a) and connected(b), 10, "both reconnect")
+
+    # A replica that starts now reads only Redis: it finds what the fleet had acknowledged.
+    c = fleet.add("c", backend=own_redis.url)
+    assert c.breaker()["failureThreshold"] == 40
+    assert c.connection("alpha-1")["status"] == "cooling"
+    assert c.connection("alpha-1")["cooldownRemainingMs"] > 250_000
