@@ -10,10 +10,10 @@ servers speaking each wire format (tests/fakes/dialects.py).
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anthropic
 import openai
@@ -38,12 +38,30 @@ def codex(pid: str, url: str, *connections: str) -> str:
     return provider(pid, "apikey", url, *connections, extra='apis = ["chat", "responses"]')
 
 
+SdkClient = TypeVar("SdkClient", anthropic.Anthropic, openai.OpenAI)
+_OPENED: list[anthropic.Anthropic | openai.OpenAI] = []
+"""SDK clients a test opened: closed when it ends (each holds a pool of sockets, which the collector
+would otherwise close later, during some other test, with a ResourceWarning)."""
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
+def opened(client: SdkClient) -> SdkClient:
+    _OPENED.append(client)
+    return client
+
+
 def anthropic_client(proxy: Proxy, **kwargs: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-client", max_retries=0, **kwargs)
+    return opened(anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-client", max_retries=0, **kwargs))
 
 
 def openai_client(proxy: Proxy) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0)
+    return opened(openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +262,7 @@ def test_api_keys_accept_x_api_key_and_refuse_in_anthropics_shape(
 ) -> None:
     up = upstreams("claude-up")
     proxy = launch('[server]\napi_keys = ["sk-local-claude"]\n\n' + claude("claude", up.url, "key-a"))
-    good = anthropic.Anthropic(base_url=proxy.url, api_key="sk-local-claude", max_retries=0)
+    good = opened(anthropic.Anthropic(base_url=proxy.url, api_key="sk-local-claude", max_retries=0))
     assert good.messages.create(model="claude/sonnet", max_tokens=8, messages=USER).content
     assert up.calls(MESSAGES_PATH)[0].headers["x-api-key"] == "key-key-a"
     with pytest.raises(anthropic.AuthenticationError) as caught:
@@ -400,7 +418,7 @@ def test_both_sdks_through_a_real_omniroute_serve(tmp_path: Path, upstreams: Cal
     try:
         wait_until_serving(proc, port, log)
         url = f"http://127.0.0.1:{port}"
-        ant = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+        ant = opened(anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0))
         # A combo: the Messages request skips the target that does not speak messages.
         assert ant.messages.create(model="coding", max_tokens=8, messages=USER).content[0].text == (
             "hello from claude-up"
@@ -409,7 +427,7 @@ def test_both_sdks_through_a_real_omniroute_serve(tmp_path: Path, upstreams: Cal
             assert "".join(stream.text_stream) == "okok"
         assert ant.messages.count_tokens(model="claude/sonnet", messages=USER).input_tokens == 7
 
-        oai = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        oai = opened(openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0))
         created = oai.responses.create(model="coding", input="hi")
         assert created.output_text == "hello from codex-up"
         events = list(oai.responses.create(model="codex/streamed", input="hi", stream=True))
