@@ -192,13 +192,35 @@ class UpstreamClient:
         if credentials:
             headers.update(credentials)
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
+        # The first-byte deadline as a bare timer that cancels this task, rather than an
+        # `asyncio.timeout` context (an object, a reschedule and an exit check per request, in
+        # Python). The same rules: a cancellation is ours only when our timer fired and nobody
+        # else cancelled the task too (`uncancel`, as `asyncio.timeout` decides), and the timer
+        # cannot fire after the `finally`.
+        task = asyncio.current_task()
+        assert task is not None  # a request is sent from a task
+        loop = task.get_loop()
+        cancelling = task.cancelling()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = loop.call_at(loop.time() + limit, expire)
         try:
-            async with asyncio.timeout(limit):
-                response = await self._session.request(method, url, data=body, headers=headers)
-        except TimeoutError as exc:
+            response = await self._session.request(method, url, data=body, headers=headers)
+        except asyncio.CancelledError as exc:
+            if expired and task.uncancel() <= cancelling:
+                raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
+            raise
+        except TimeoutError as exc:  # aiohttp's own (sock_connect, sock_read): the same words as ours
             raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
+        finally:
+            timer.cancel()
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000)
 
