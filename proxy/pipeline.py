@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from proxy import untrusted
 from proxy.apis import (
@@ -1172,15 +1172,29 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
     """
     handler = asyncio.current_task()
     assert handler is not None  # an ASGI app runs in a task
-    watch = asyncio.ensure_future(_disconnect(request.receive))
+    # The watch is the server's `receive()` itself, run as a task: no coroutine of ours around it,
+    # and straight to the loop (`ensure_future` checks its argument's kind in Python first).
+    received = request.receive()
+    watch: asyncio.Future[Message] = (
+        handler.get_loop().create_task(received)
+        if asyncio.iscoroutine(received)
+        else asyncio.ensure_future(received)
+    )
     gone = False
     answered = False
 
-    def client_left(watched: asyncio.Future[None]) -> None:
+    def client_left(watched: asyncio.Future[Message]) -> None:
         nonlocal gone
         # `answered`: the watch may end in the same turn of the loop as the attempts; the answer
-        # that is on its way then must not be cancelled.
-        if not answered and not watched.cancelled() and watched.exception() is None:
+        # that is on its way then must not be cancelled. A message other than `http.disconnect`
+        # (nothing should come after the body) ends the watch: the request then runs as if the
+        # client stayed.
+        if (
+            not answered
+            and not watched.cancelled()
+            and watched.exception() is None
+            and watched.result()["type"] == "http.disconnect"
+        ):
             gone = True
             handler.cancel()
 
@@ -1195,15 +1209,6 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
     finally:
         answered = True
         watch.cancel()
-
-
-async def _disconnect(receive: Receive) -> None:
-    """Return when the client disconnects. Called once the body has been read, when the next message
-    the server has for us is `http.disconnect` (at the latest when the response is complete)."""
-    while (await receive())["type"] != "http.disconnect":
-        # Nothing else should come after the body; should a server send something anyway, stop
-        # watching rather than spin on it: the request then runs as if the client stayed.
-        await asyncio.Event().wait()
 
 
 async def _read_body(request: Request) -> bytes:
