@@ -71,6 +71,8 @@ CLASSIFIED_ERROR_BYTES = 64 * 1024
 """What the engine reads of an error body (its markers, retry hints and lastError are near the
 start); the client gets the whole body, up to MAX_ERROR_BODY."""
 SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
+_SESSION_KEYS = tuple(h.encode() for h in SESSION_HEADERS)
+_CLIENT_KEYS = tuple((h, h.encode()) for h in CLIENT_HEADERS)
 WAIT_SLACK_MS = 50.0
 _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
@@ -205,8 +207,9 @@ class Pipeline:
                 _ended(trail, record, response)
 
     async def _handle(self, request: Request, endpoint: str, record: RequestRecord | None) -> Response:
+        headers = _header_map(request)
         try:
-            raw = await _read_body(request)
+            raw = await _read_body(request, headers)
         except BodyTooLarge:
             return error_response(413, "request body exceeds 32 MiB", "request_too_large")
         except ClientDisconnect:  # gone before its body arrived: nobody reads this
@@ -242,7 +245,8 @@ class Pipeline:
         # collector's older generations.
         del body
 
-        pinned = request.headers.get("x-omniroute-connection")
+        pinned_raw = headers.get(b"x-omniroute-connection")
+        pinned = pinned_raw.decode("latin-1") if pinned_raw is not None else None
         route = await self.router.resolve(model, pinned)
         if route is None:
             return error_response(
@@ -256,7 +260,8 @@ class Pipeline:
                 f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
                 "connection_not_found",
             )
-        session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+        session_raw = next((headers[h] for h in _SESSION_KEYS if h in headers), None)
+        session = session_raw.decode("latin-1") if session_raw is not None else None
         targets = route.targets
         api = ENDPOINT_API[endpoint]
         mute = self._mute[api]
@@ -278,7 +283,7 @@ class Pipeline:
                 )
         wire = None
         if api in ("messages", "responses"):
-            client = {h: request.headers[h] for h in CLIENT_HEADERS if h in request.headers}
+            client = {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
             wire = Wire(api, client, self.owners if api == "responses" else None)
         if record is not None:
             record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
@@ -1211,11 +1216,20 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
         watch.cancel()
 
 
-async def _read_body(request: Request) -> bytes:
+def _header_map(request: Request) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name, the first of repeated ones, as Starlette's
+    `request.headers.get` reads them: one dict built in C, where each `request.headers` lookup
+    scans the list in Python (and a miss raises and catches a KeyError)."""
+    raw = request.scope["headers"]
+    return dict(reversed(raw if isinstance(raw, list) else list(raw)))
+
+
+async def _read_body(request: Request, headers: Mapping[bytes, bytes] | None = None) -> bytes:
     """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
-    does, without an async generator per request."""
-    length = request.headers.get("content-length")
+    does, without an async generator per request. `headers`: the request's `_header_map`, when
+    the caller has it."""
+    length = (headers if headers is not None else _header_map(request)).get(b"content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
     receive = request.receive
