@@ -30,6 +30,7 @@ import hmac
 import json
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,12 +81,14 @@ class Guard:
             ]
         started = False
 
-        async def send_with_id(message: Message) -> None:
+        # A plain function handing back `send`'s awaitable, not a coroutine of its own: no frame
+        # per message sent (a stream sends one per chunk).
+        def send_with_id(message: Message) -> Awaitable[None]:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
                 message["headers"] = [*message.get("headers", []), *added]
-            await send(message)
+            return send(message)
 
         denial = self._door(scope, headers)
         preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
@@ -183,10 +186,9 @@ def _managed(path: str) -> bool:
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     """The request's headers by lower-case name (the first of repeated ones, as a browser sends one)."""
-    found: dict[bytes, bytes] = {}
-    for name, value in scope.get("headers", []):
-        found.setdefault(name, value)
-    return found
+    raw = scope.get("headers", [])
+    # Built in C: reversed, so that the first of a repeated name is the one that stays.
+    return dict(reversed(raw if isinstance(raw, list) else list(raw)))
 
 
 def _json_or_empty(headers: dict[bytes, bytes]) -> bool:
