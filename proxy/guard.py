@@ -90,16 +90,22 @@ class Guard:
                 message["headers"] = [*message.get("headers", []), *added]
             return send(message)
 
-        denial = self._door(scope, headers)
+        # The path's kind, read once for every rule below.
+        path: str = scope.get("path", "")
+        managed = _managed(path)
+        needed = (
+            self.management_token is not None if managed else path.startswith("/v1/") and bool(self.api_keys)
+        )
+        denial = self._door(headers, needed)
         preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
         if denial is None and origin is not None and preflight:
             await _preflight(send_with_id)  # it carries no credential: answered before they are asked
             return
         if denial is None:
-            denial = self._access(scope, headers)
+            denial = self._access(scope, headers, managed, needed)
         if denial is not None:
             status, body = denial
-            if scope.get("path", "").startswith("/v1/messages"):  # Anthropic's clients read their own shape
+            if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
                 body = anthropic_error_body(status, json.loads(body)["error"]["message"])
             await _answer(send_with_id, status, body)
             return
@@ -112,14 +118,10 @@ class Guard:
                     send_with_id, 500, error_body(500, "internal error; see the server log", "internal_error")
                 )
 
-    def _credential_needed(self, path: str) -> bool:
-        if _managed(path):
-            return self.management_token is not None
-        return path.startswith("/v1/") and bool(self.api_keys)
-
-    def _door(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
-        """Steps 1 and 2: the Host and Origin rules."""
-        if not self._credential_needed(scope.get("path", "")):
+    def _door(self, headers: dict[bytes, bytes], credential_needed: bool) -> tuple[int, bytes] | None:
+        """Steps 1 and 2: the Host and Origin rules (`credential_needed`: a credential authenticates
+        the path's requests, so the Host rule is not needed)."""
+        if not credential_needed:
             host = headers.get(b"host")
             if host is not None and not self._host_allowed(host):
                 return 421, error_body(
@@ -137,10 +139,12 @@ class Guard:
             )
         return None
 
-    def _access(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
-        """Steps 3 and 4: credentials and the body's type."""
-        path: str = scope.get("path", "")
-        if _managed(path):
+    def _access(
+        self, scope: Scope, headers: dict[bytes, bytes], managed: bool, credential_needed: bool
+    ) -> tuple[int, bytes] | None:
+        """Steps 3 and 4: credentials and the body's type (`managed`: the path is behind the
+        management token; `credential_needed`: as for `_door`)."""
+        if managed:
             if self.management_token is None:
                 client = scope.get("client")
                 if client is None or not is_loopback_host(client[0]):
@@ -151,7 +155,7 @@ class Guard:
                     )
             elif not _bearer_matches(headers, [self.management_token]):
                 return 401, error_body(401, "missing or wrong management token", "unauthorized")
-        elif self._credential_needed(path) and not (
+        elif credential_needed and not (
             _bearer_matches(headers, self.api_keys) or _x_api_key_matches(headers, self.api_keys)
         ):
             return 401, error_body(401, "missing or wrong API key", "invalid_api_key")
