@@ -47,14 +47,22 @@ class UpstreamFailure(Exception):
 class UpstreamResponse:
     """An upstream response whose headers have arrived; the body is read on demand."""
 
-    __slots__ = ("_body_timeout_ms", "_response", "headers", "status")
+    __slots__ = ("_body_timeout_ms", "_headers", "_response", "status")
 
     def __init__(self, response: aiohttp.ClientResponse, body_timeout_ms: float) -> None:
         """`body_timeout_ms`: how long `read()` may take for the whole body, from the headers on."""
         self._response = response
         self._body_timeout_ms = body_timeout_ms
         self.status = response.status
-        self.headers: Mapping[str, str] = {k.lower(): v for k, v in response.headers.items()}
+        self._headers: Mapping[str, str] | None = None
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The response's headers by lower-case name (the last of repeated ones). Built when first
+        read: only an error answer's retry hints need them."""
+        if self._headers is None:
+            self._headers = {k.lower(): v for k, v in self._response.headers.items()}
+        return self._headers
 
     async def read(self) -> bytes:
         """The whole body: within `body_timeout_ms` of the headers and at most MAX_UPSTREAM_BODY_BYTES.
@@ -136,7 +144,9 @@ class UpstreamResponse:
 
     @property
     def content_type(self) -> str:
-        return self.headers.get("content-type", "application/json")
+        # As `headers` reads it (the last one), without building `headers`.
+        found = self._response.headers.getall("content-type", None)
+        return found[-1] if found else "application/json"
 
     def close(self) -> None:
         self._response.close()
