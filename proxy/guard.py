@@ -30,6 +30,7 @@ import hmac
 import json
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,23 +81,31 @@ class Guard:
             ]
         started = False
 
-        async def send_with_id(message: Message) -> None:
+        # A plain function handing back `send`'s awaitable, not a coroutine of its own: no frame
+        # per message sent (a stream sends one per chunk).
+        def send_with_id(message: Message) -> Awaitable[None]:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
                 message["headers"] = [*message.get("headers", []), *added]
-            await send(message)
+            return send(message)
 
-        denial = self._door(scope, headers)
+        # The path's kind, read once for every rule below.
+        path: str = scope.get("path", "")
+        managed = _managed(path)
+        needed = (
+            self.management_token is not None if managed else path.startswith("/v1/") and bool(self.api_keys)
+        )
+        denial = self._door(headers, needed)
         preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
         if denial is None and origin is not None and preflight:
             await _preflight(send_with_id)  # it carries no credential: answered before they are asked
             return
         if denial is None:
-            denial = self._access(scope, headers)
+            denial = self._access(scope, headers, managed, needed)
         if denial is not None:
             status, body = denial
-            if scope.get("path", "").startswith("/v1/messages"):  # Anthropic's clients read their own shape
+            if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
                 body = anthropic_error_body(status, json.loads(body)["error"]["message"])
             await _answer(send_with_id, status, body)
             return
@@ -109,14 +118,10 @@ class Guard:
                     send_with_id, 500, error_body(500, "internal error; see the server log", "internal_error")
                 )
 
-    def _credential_needed(self, path: str) -> bool:
-        if _managed(path):
-            return self.management_token is not None
-        return path.startswith("/v1/") and bool(self.api_keys)
-
-    def _door(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
-        """Steps 1 and 2: the Host and Origin rules."""
-        if not self._credential_needed(scope.get("path", "")):
+    def _door(self, headers: dict[bytes, bytes], credential_needed: bool) -> tuple[int, bytes] | None:
+        """Steps 1 and 2: the Host and Origin rules (`credential_needed`: a credential authenticates
+        the path's requests, so the Host rule is not needed)."""
+        if not credential_needed:
             host = headers.get(b"host")
             if host is not None and not self._host_allowed(host):
                 return 421, error_body(
@@ -134,10 +139,12 @@ class Guard:
             )
         return None
 
-    def _access(self, scope: Scope, headers: dict[bytes, bytes]) -> tuple[int, bytes] | None:
-        """Steps 3 and 4: credentials and the body's type."""
-        path: str = scope.get("path", "")
-        if _managed(path):
+    def _access(
+        self, scope: Scope, headers: dict[bytes, bytes], managed: bool, credential_needed: bool
+    ) -> tuple[int, bytes] | None:
+        """Steps 3 and 4: credentials and the body's type (`managed`: the path is behind the
+        management token; `credential_needed`: as for `_door`)."""
+        if managed:
             if self.management_token is None:
                 client = scope.get("client")
                 if client is None or not is_loopback_host(client[0]):
@@ -148,7 +155,7 @@ class Guard:
                     )
             elif not _bearer_matches(headers, [self.management_token]):
                 return 401, error_body(401, "missing or wrong management token", "unauthorized")
-        elif self._credential_needed(path) and not (
+        elif credential_needed and not (
             _bearer_matches(headers, self.api_keys) or _x_api_key_matches(headers, self.api_keys)
         ):
             return 401, error_body(401, "missing or wrong API key", "invalid_api_key")
@@ -183,10 +190,9 @@ def _managed(path: str) -> bool:
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     """The request's headers by lower-case name (the first of repeated ones, as a browser sends one)."""
-    found: dict[bytes, bytes] = {}
-    for name, value in scope.get("headers", []):
-        found.setdefault(name, value)
-    return found
+    raw = scope.get("headers", [])
+    # Built in C: reversed, so that the first of a repeated name is the one that stays.
+    return dict(reversed(raw if isinstance(raw, list) else list(raw)))
 
 
 def _json_or_empty(headers: dict[bytes, bytes]) -> bool:

@@ -13,6 +13,7 @@ written back without breaking.
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any, Final
 
 __all__ = ["ECHO_LIMIT", "dumps", "echo", "is_text", "loads"]
@@ -38,6 +39,14 @@ def dumps(data: Any) -> bytes:
     only a document holding a lone surrogate, which UTF-8 cannot encode, is written with every
     non-ASCII character escaped instead. Both are the same JSON document.
     """
+    if type(data) is str:
+        # What json.dumps writes for a lone string (JSONEncoder.encode calls these two), without
+        # the encoder object it builds per call for ensure_ascii=False: every attempt writes its
+        # model this way.
+        try:
+            return encode_basestring(data).encode()
+        except UnicodeEncodeError:
+            return encode_basestring_ascii(data).encode()
     text = json.dumps(data, ensure_ascii=False)
     try:
         return text.encode()

@@ -47,14 +47,22 @@ class UpstreamFailure(Exception):
 class UpstreamResponse:
     """An upstream response whose headers have arrived; the body is read on demand."""
 
-    __slots__ = ("_body_timeout_ms", "_response", "headers", "status")
+    __slots__ = ("_body_timeout_ms", "_headers", "_response", "status")
 
     def __init__(self, response: aiohttp.ClientResponse, body_timeout_ms: float) -> None:
         """`body_timeout_ms`: how long `read()` may take for the whole body, from the headers on."""
         self._response = response
         self._body_timeout_ms = body_timeout_ms
         self.status = response.status
-        self.headers: Mapping[str, str] = {k.lower(): v for k, v in response.headers.items()}
+        self._headers: Mapping[str, str] | None = None
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The response's headers by lower-case name (the last of repeated ones). Built when first
+        read: only an error answer's retry hints need them."""
+        if self._headers is None:
+            self._headers = {k.lower(): v for k, v in self._response.headers.items()}
+        return self._headers
 
     async def read(self) -> bytes:
         """The whole body: within `body_timeout_ms` of the headers and at most MAX_UPSTREAM_BODY_BYTES.
@@ -136,7 +144,9 @@ class UpstreamResponse:
 
     @property
     def content_type(self) -> str:
-        return self.headers.get("content-type", "application/json")
+        # As `headers` reads it (the last one), without building `headers`.
+        found = self._response.headers.getall("content-type", None)
+        return found[-1] if found else "application/json"
 
     def close(self) -> None:
         self._response.close()
@@ -192,13 +202,35 @@ class UpstreamClient:
         if credentials:
             headers.update(credentials)
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
+        # The first-byte deadline as a bare timer that cancels this task, rather than an
+        # `asyncio.timeout` context (an object, a reschedule and an exit check per request, in
+        # Python). The same rules: a cancellation is ours only when our timer fired and nobody
+        # else cancelled the task too (`uncancel`, as `asyncio.timeout` decides), and the timer
+        # cannot fire after the `finally`.
+        task = asyncio.current_task()
+        assert task is not None  # a request is sent from a task
+        loop = task.get_loop()
+        cancelling = task.cancelling()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = loop.call_at(loop.time() + limit, expire)
         try:
-            async with asyncio.timeout(limit):
-                response = await self._session.request(method, url, data=body, headers=headers)
-        except TimeoutError as exc:
+            response = await self._session.request(method, url, data=body, headers=headers)
+        except asyncio.CancelledError as exc:
+            if expired and task.uncancel() <= cancelling:
+                raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
+            raise
+        except TimeoutError as exc:  # aiohttp's own (sock_connect, sock_read): the same words as ours
             raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
+        finally:
+            timer.cancel()
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000)
 

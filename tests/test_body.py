@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy import untrusted
 from proxy.body import RequestBody, parse
 
 
@@ -180,3 +181,15 @@ def test_any_body_reads_as_the_clients_with_the_attempts_model(
     out = RequestBody(raw, document, exact=exact).for_model("up/m")
     expected = {k: v for k, v in json.loads(raw).items() if k != "model"}
     assert json.loads(out) == {**expected, "model": "up/m"}
+
+
+@given(st.text())
+def test_a_model_is_written_as_json_dumps_writes_it(model: str) -> None:
+    # untrusted.dumps writes a lone string without json.dumps's encoder object: the same bytes,
+    # UTF-8, or every non-ASCII character escaped when a lone surrogate keeps UTF-8 out.
+    text = json.dumps(model, ensure_ascii=False)
+    try:
+        expected = text.encode()
+    except UnicodeEncodeError:
+        expected = json.dumps(model, ensure_ascii=True).encode()
+    assert untrusted.dumps(model) == expected
