@@ -182,8 +182,7 @@ class OmniRouteApp(App[int]):
         process, and a full GC pass over them stalls every request in flight for tens of ms
         (bench/tui.py). Done at start and after each tab's first build: a bounded number of times."""
         if self.host is not None:
-            gc.collect()
-            gc.freeze()
+            serve.settle_heap()
 
     def _remote_changed(self, kind: str) -> None:
         if kind == "snapshot":
