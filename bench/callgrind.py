@@ -4,11 +4,13 @@ run to run; the same requests through the same code cost the same instructions).
 
     python bench/callgrind.py                          # omniroute, unrecorded and floor, small body
     python bench/callgrind.py --only omniroute --body agent --requests 100
+    python bench/callgrind.py --connections 8         # eight requests in flight at a time, as wrk -c8
     python bench/callgrind.py --profile                # also keep the callgrind files to read with
                                                        #   callgrind_annotate (their paths are printed)
 
 Each target runs under `valgrind --tool=callgrind` behind the bench's nginx upstream; one client
-sends `--warmup` requests on one keep-alive connection, the counters are zeroed
+sends `--warmup` requests on one keep-alive connection (or `--connections` of them, sending at
+once), the counters are zeroed
 (`callgrind_control -z`), `--requests` more are sent, and the counters are dumped
 (`callgrind_control -d`): instructions of the proxy process / requests. Targets: *omniroute*
 (as `omniroute serve` runs), *unrecorded* (the same with `[server] request_history = 0`: no
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -70,7 +73,21 @@ def send(port: int, body: bytes, count: int) -> None:
         conn.close()
 
 
-def measure(name: str, body_kind: str, requests: int, warmup: int, tmp: Path, keep: bool) -> float:
+def send_concurrently(port: int, body: bytes, count: int, connections: int) -> None:
+    """`count` requests spread over `connections` keep-alive connections sending at once: the
+    proxy then has several requests in flight, as under wrk."""
+    if connections <= 1:
+        send(port, body, count)
+        return
+    share, extra = divmod(count, connections)
+    with ThreadPoolExecutor(connections) as pool:
+        for done in [pool.submit(send, port, body, share + (i < extra)) for i in range(connections)]:
+            done.result()
+
+
+def measure(
+    name: str, body_kind: str, requests: int, warmup: int, tmp: Path, keep: bool, connections: int = 1
+) -> float:
     """Instructions per request of one target."""
     cmd, port, model, cwd = target_command(name, tmp)
     out = tmp / f"callgrind.{name}.{body_kind}"
@@ -82,9 +99,9 @@ def measure(name: str, body_kind: str, requests: int, warmup: int, tmp: Path, ke
             raise RuntimeError(f"{name} did not start:\n{procs.log_tail(name)}")
         pid = procs.session(name)
         body = request_body(body_kind, model, tmp)
-        send(port, body, warmup)
+        send_concurrently(port, body, warmup, connections)
         control(pid, "-z")
-        send(port, body, requests)
+        send_concurrently(port, body, requests, connections)
         control(pid, "-d")
         total = dumped_instructions(out, pid)
     finally:
@@ -128,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body", choices=("small", "agent"), default="small")
     ap.add_argument("--requests", type=int, default=500, help="requests counted (default 500)")
     ap.add_argument("--warmup", type=int, default=200, help="requests before counting (default 200)")
+    ap.add_argument(
+        "--connections", type=int, default=1, help="keep-alive connections sending at once (default 1)"
+    )
     ap.add_argument("--port-offset", type=int, default=0, help="add this to every port used")
     ap.add_argument("--profile", action="store_true", help="keep the callgrind files and print their paths")
     args = ap.parse_args(argv)
@@ -148,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results = {}
         for name in wanted:
-            results[name] = measure(name, args.body, args.requests, args.warmup, tmp, args.profile)
+            results[name] = measure(
+                name, args.body, args.requests, args.warmup, tmp, args.profile, args.connections
+            )
             print(f"{name:<11} {results[name] / 1e6:7.3f} M instructions per request", flush=True)
         if "omniroute" in results and "unrecorded" in results:
             ratio = results["unrecorded"] / results["omniroute"]
