@@ -331,7 +331,12 @@ class Pipeline:
             fleet = engine.shared
             if decision.probe and fleet is not None and not await fleet.take_probe(decision):
                 continue  # another replica holds the fleet's one probe: decide again without it
-            if record is not None and trail is not None:
+            if (
+                record is not None
+                and trail is not None
+                # The common case passed nothing over: the first target's only connection.
+                and (decision.target is not targets[0] or len(decision.provider.connections) > 1)
+            ):
                 trail.passed_over(record, decision, targets, progress.tried)
             response = await self._attempt(
                 decision, endpoint, payload, stream, progress, targets, session, wire

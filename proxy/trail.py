@@ -225,12 +225,8 @@ class Trail:
         self, record: RequestRecord, chosen: Attempt, targets: Sequence[Target], tried: Iterable[str]
     ) -> None:
         """Note what selection passed over before it chose `chosen` (a cooling key, an open breaker)
-        that this request had not tried itself.
-
-        The common case (the first target's only connection) costs one comparison."""
-        provider = chosen.provider
-        if chosen.target == targets[0] and len(provider.connections) == 1:
-            return
+        that this request had not tried itself. (The pipeline does not ask when `chosen` is the
+        first target's only connection: nothing was passed over.)"""
         upto = []
         for t in targets:
             upto.append(t)
@@ -462,7 +458,22 @@ def usage_of(answer: object) -> Usage | None:
     if type(answer) is not dict:
         return None
     usage = answer.get("usage")
-    if type(usage) is not dict:
+    if type(usage) is dict:  # a chat completion's three counts: the common case, checked inline
+        prompt, completion, total = (
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+            usage.get("total_tokens"),
+        )
+        if (
+            type(prompt) is int
+            and type(completion) is int
+            and type(total) is int
+            and prompt >= 0
+            and completion >= 0
+            and total >= 0
+        ):
+            return (prompt, completion, total)
+    else:
         inner = answer.get("response")  # the Responses API's `response.completed` event
         usage = inner.get("usage") if type(inner) is dict else None
         if type(usage) is not dict:
