@@ -208,8 +208,7 @@ async def serve_child(mode: str, port: int, upstream_port: int, tab: str) -> Non
         if mode == "headless-frozen":  # what `omniroute serve` (serve.py) and the console (app.py) do
             while not server.started:
                 await asyncio.sleep(0.01)
-            gc.collect()
-            gc.freeze()
+            serve.settle_heap()
         await stop.wait()
         server.should_exit = True
         await task

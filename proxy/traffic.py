@@ -51,7 +51,7 @@ class _Series:
     one provider), so a request costs the same whatever a provider holds.
     """
 
-    __slots__ = ("bucket_of", "buckets", "current", "last", "statuses", "total", "windows")
+    __slots__ = ("bucket_of", "buckets", "current", "last", "latest", "statuses", "total", "windows")
 
     def __init__(self) -> None:
         self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
@@ -65,6 +65,9 @@ class _Series:
         """The row of bucket `last`."""
         self.statuses: dict[int, int] = {}
         """Finished requests per status since the start (0: none, the client went first)."""
+        self.latest = -1 - SLOTS
+        """The bucket of the latest request: a window that ends past it by its span is empty,
+        which a read then knows without summing (most connections of a large config are idle)."""
 
     def advance(self, bucket: int) -> None:
         last = self.last
@@ -170,6 +173,7 @@ class TrafficStats:
         bucket = int(now // BUCKET_MS)
         if bucket != series.last:
             series.advance(bucket)
+        series.latest = bucket  # (not only on a new bucket: a read may have opened this one)
         row = series.current
         row[LAT_SUM] += duration_ms
         row[LAT + bisect_left(LATENCY_EDGES_MS, duration_ms)] += 1
@@ -194,11 +198,15 @@ class TrafficStats:
     def report(self, window: str, now: float) -> StatsReport:
         w = _WINDOW_INDEX[window]
         bucket = int(now // BUCKET_MS)
-        rows = {c: s.window(w, bucket) for c, s in self.connections.items()}
+        since = bucket - _SPANS[w]  # the window holds buckets (since, bucket]
+        rows = {c: s.window(w, bucket) for c, s in self.connections.items() if s.latest > since}
         return StatsReport(
             window,
-            {p: _stats(_summed(s.window(w, bucket) for s in series)) for p, series in self.members.items()},
-            {c: _stats(row) for c, row in rows.items()},
+            {
+                p: _stats(_summed(row for c in ids if (row := rows.get(c)) is not None))
+                for p, ids in self.ids.items()
+            },
+            {c: _stats(rows[c]) if c in rows else _IDLE for c in self.connections},
         )
 
     def by_status(self) -> dict[tuple[str, str, int], int]:
@@ -232,11 +240,15 @@ class TrafficStats:
         return out
 
 
+_IDLE = StatsView(0, 0, None, None, None, None, None)
+"""A connection's figures over a window it served no request in."""
+
+
 def _stats(row: list[float]) -> StatsView:
     n = count(row, LAT)
     requests = round(n)
     if requests <= 0:
-        return StatsView(0, 0, None, None, None, None, None)
+        return _IDLE
     errors = round(row[ERRORS])
     tokens, ms = row[STREAM_TOKENS], row[STREAM_MS]
     return StatsView(

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.readmodel import WINDOWS
 from proxy.traffic import BUCKET_MS, LAT, TrafficStats, count
 from proxy.trail import error_of, messages_stream_usage, span, stream_usage, usage_of
 
@@ -176,3 +179,38 @@ def test_a_messages_stream_takes_the_prompt_from_its_start_and_the_output_from_i
         delta["usage"] = tail_usage
     tail = _sse("message_delta", delta) + _sse("message_stop", {"type": "message_stop"})
     assert messages_stream_usage(head, tail) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 400), st.floats(1, 5000)),
+        max_size=30,
+    ),
+    st.lists(st.integers(0, 500), min_size=1, max_size=6),
+)
+def test_a_report_holds_exactly_the_requests_its_window_holds(
+    requests: list[tuple[str, int, float]], reads: list[int]
+) -> None:
+    """Against a naive count: requests added (in time order) and reports read at any times in
+    between, in any window; idle connections and reads that opened a bucket included."""
+    s = TrafficStats({"p": ["a", "b"], "q": ["c"]})
+    events = sorted([(at, 0, r) for r in requests for at in [r[1]]] + [(at, 1, None) for at in reads],
+                    key=lambda e: (e[0], e[1]))  # fmt: skip
+    added: list[tuple[str, int]] = []
+    for second, kind, request in events:
+        now = T0 + second * 1000
+        if kind == 0:
+            assert request is not None
+            connection, _, ms = request
+            s.add("q" if connection == "c" else "p", connection, now, ms, False, 200, None, None, None)
+            added.append((connection, int(now // BUCKET_MS)))
+            continue
+        bucket = int(now // BUCKET_MS)
+        for window, span_ms in WINDOWS.items():
+            report = s.report(window, now)
+            held = [c for c, b in added if bucket - span_ms // BUCKET_MS < b <= bucket]
+            for connection in "abc":
+                assert report.connections[connection].requests == held.count(connection)
+            assert report.providers["p"].requests == held.count("a") + held.count("b")
+            assert report.providers["q"].requests == held.count("c")
