@@ -523,6 +523,7 @@ async def observe(url: str) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     took: list[float] = []
+    began = time.monotonic()
     app = OmniRouteApp(remote=Remote(url, None))
     async with app.run_test(size=(120, 40)), httpx.AsyncClient(base_url=url, timeout=10) as client:
         remote = app.remote
@@ -543,8 +544,10 @@ async def observe(url: str) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
     if took:
+        cpu = time.process_time() / (time.monotonic() - began)
         print(
-            f"CHANGES n={len(took)} median_s={statistics.median(took):.3f} max_s={max(took):.3f}", flush=True
+            f"CHANGES n={len(took)} median_s={statistics.median(took):.3f} max_s={max(took):.3f} cpu={cpu:.3f}",
+            flush=True,
         )
 
 
@@ -805,6 +808,8 @@ def main(argv: list[str] | None = None) -> int:
             medians = [r["change_median_s"] for r in runs[key]]
             worst = max(r["change_max_s"] for r in runs[key])
             change = statistics.median(medians)
+            cpu = statistics.median(r["change_cpu"] for r in runs[key])
+            print(f"  (d) the attached console's own CPU (on the load generator's core): {cpu:.0%} of a core")
             print(
                 f"  (d) a change reaches the attached console in {change:.3f} s median, {worst:.3f} s worst of "
                 f"{sum(int(r['change_n']) for r in runs[key])} (bar <= {BARS['change_s']} s): "
