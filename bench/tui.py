@@ -375,6 +375,12 @@ async def requests_tick_bench(samples: int) -> dict[str, float]:
 # -- measuring helpers ---------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -585,7 +591,11 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
             observers, sockets = start_observers(mode, port, tmp)
         wrk(port, 3)  # warm-up: connections, the upstream client pool, the console's first draws
         child.send_signal(signal.SIGUSR1)
+        before = cpu_seconds(child.pid)
         result: dict[str, Any] = wrk(port, seconds)
+        # The proxy's CPU per request: what the modes cost the process measured, which the
+        # machine's load moves far less than it moves p99.
+        result["cpu_us"] = (cpu_seconds(child.pid) - before) / max(result["requests"], 1) * 1e6
         result["rss_mb"] = rss_mb(child.pid, "VmHWM")
     finally:
         for observer in observers:
@@ -654,6 +664,7 @@ def latency_bench(
                     runs.setdefault(key, []).append(result)
                     print(
                         f"  round {r + 1} {key:<26} p99 {result['p99_ms']:7.2f} ms  p50 {result['p50_ms']:6.2f} ms"
+                        f"  cpu {result['cpu_us']:4.0f} us/req"
                         f"  {result['rps']:6.0f} req/s  rss {result['rss_mb']:5.1f} MB  loop stalls: max "
                         f"{result.get('lag_max_ms', float('nan')):5.1f} ms, full GCs "
                         f"{result.get('full_gcs', float('nan')):.0f} (max {result.get('gc_max_ms', float('nan')):.1f} ms)",
@@ -799,6 +810,8 @@ def main(argv: list[str] | None = None) -> int:
         base = statistics.median(r["p99_ms"] for r in baseline)
         ratio = paired(runs[key], baseline)
         what = "one attached console" if key == "attached" else f"{FOLLOWERS} followers, one never reading"
+        cpu = statistics.median(r["cpu_us"] / b["cpu_us"] for r, b in zip(runs[key], baseline, strict=True))
+        print(f"  (d) the proxy's CPU per request with {what}: x{cpu:.3f} the baseline's (per round, median)")
         print(
             f"  (d) p99 with {what}: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}), {p99 / base:.2f}x "
             f"the baseline's median; per round {ratio:.2f}x {against} (bar <= {BARS[key]}x): "
