@@ -440,6 +440,16 @@ def wrk(port: int, seconds: int) -> dict[str, float]:
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
+OBSERVER_NICE = 0
+"""`--observer-nice`: the niceness of the attached console and of its baseline's toggler."""
+
+
+def observer(command: list[str]) -> list[str]:
+    """An observer's command line: on CPU 1 (with the load generator), at OBSERVER_NICE."""
+    command = pinned(1, command)
+    return ["nice", "-n", str(OBSERVER_NICE), *command] if OBSERVER_NICE else command
+
+
 def start_observers(
     mode: str, port: int, tmp: Path
 ) -> tuple[list[subprocess.Popen[bytes]], list[socket.socket]]:
@@ -448,7 +458,7 @@ def start_observers(
     if mode == "toggled":
         return [
             subprocess.Popen(
-                pinned(1, [sys.executable, __file__, "--toggle", url]),
+                observer([sys.executable, __file__, "--toggle", url]),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd=ROOT,
@@ -458,7 +468,7 @@ def start_observers(
         out = open(tmp / f"observer-{port}.log", "wb")  # noqa: SIM115  closed with the process
         return [
             subprocess.Popen(
-                pinned(1, [sys.executable, __file__, "--observe", url]),
+                observer([sys.executable, __file__, "--observe", url]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
@@ -701,6 +711,14 @@ def main(argv: list[str] | None = None) -> int:
         default="attached,followers",
         help="(d): observer modes to measure, comma separated (attached, followers; empty for none)",
     )
+    ap.add_argument(
+        "--observer-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="(d): run the attached console and its baseline's toggler at niceness N (a diagnostic: on "
+        "two cores they share the load generator's CPU, and what they take from it shows in p99)",
+    )
     ap.add_argument("--observe", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--toggle", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=20, help="redraw ticks to time")
@@ -710,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tab", default="overview", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global OBSERVER_NICE
+    OBSERVER_NICE = args.observer_nice
     observed = [m for m in args.observed.split(",") if m]
     if unknown := sorted(set(observed) - {"attached", "followers"}):
         ap.error(f"unknown observer modes {unknown}; choose among attached, followers")
