@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import calendar
 import time
+from datetime import datetime, timedelta
 
 
 def iso(ms: float | None) -> str | None:
@@ -19,11 +19,23 @@ def iso(ms: float | None) -> str | None:
 def epoch_ms(text: object) -> float | None:
     """The inverse of `iso`: `"2026-01-01T00:00:00.000Z"` → `1767225600000.0`; None for null or
     anything else (an answer from another program, a garbled one)."""
-    if not isinstance(text, str) or len(text) != 24 or text[19] != "." or not text.endswith("Z"):
+    if (
+        not isinstance(text, str)
+        or len(text) != 24
+        or text[10] != "T"
+        or text[19] != "."
+        or not text.endswith("Z")
+        or not (text[20:23].isascii() and text[20:23].isdigit())
+    ):
         return None
     try:
-        parsed = time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")
-        millis = int(text[20:23])
+        # fromisoformat, not strptime: an attached console reads several instants per request
+        # record it is sent, and strptime took 4 µs each (a tenth of the console's busy time).
+        parsed = datetime.fromisoformat(text[:19])
     except ValueError:
         return None
-    return calendar.timegm(parsed) * 1000.0 + millis
+    return (parsed - _EPOCH) // _MILLISECOND + int(text[20:23]) + 0.0
+
+
+_EPOCH = datetime(1970, 1, 1)
+_MILLISECOND = timedelta(milliseconds=1)

@@ -624,7 +624,17 @@ def test_epoch_ms_reads_back_what_iso_wrote(ms: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", [None, "", "2026-01-01", "2026-01-01T00:00:00Z", "2026-13-01T00:00:00.000Z", 5]
+    "text",
+    [
+        None,
+        "",
+        "2026-01-01",
+        "2026-01-01T00:00:00Z",
+        "2026-13-01T00:00:00.000Z",
+        "2026-01-01 00:00:00.000Z",
+        "2026-01-01T00:00:00.+12Z",
+        5,
+    ],
 )
 def test_epoch_ms_refuses_what_iso_never_writes(text: object) -> None:
     assert epoch_ms(text) is None
