@@ -118,6 +118,7 @@ class Runtime:
             assert isinstance(store, FleetState)
             self.fleet = store
             store.attach(self.engine, self.settings)
+            self.owners.shared = store
         server = config.server
         self.upstream = UpstreamClient(
             Timeouts(server.connect_timeout_ms, server.first_byte_timeout_ms, server.idle_timeout_ms)

@@ -32,7 +32,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from proxy.config import Config
+from proxy.fleet.affinity import Affinity
 from proxy.fleet.fingerprint import config_items, differences, fingerprint
 from proxy.fleet.merge import MERGES
 from proxy.fleet.scripts import RELEASE_PROBE, RENEW_PROBE, TRANSITION
@@ -156,6 +157,10 @@ class FleetState:
         self._feed: Any = None
         self._closed = False
         self._stopping = False
+        self.affinity = Affinity(
+            self.prefix, self._clock.now, lambda: self._r if self.connected else None, self._lost
+        )
+        """Session pins and response owners, shared as keys with a TTL (proxy/fleet/affinity.py)."""
 
     # ------------------------------------------------------------------ keys
 
@@ -247,7 +252,7 @@ class FleetState:
         pass
 
     def save_pins(self, upserts: Any, deletes: Any) -> None:
-        pass  # session pins stay per replica (docs/fleet.md#what-is-shared)
+        pass  # pins and response owners are written through as they are made (`pinned`, `remembered`)
 
     def set_meta(self, key: str, value: str) -> None:
         with contextlib.suppress(RedisError):
@@ -350,6 +355,7 @@ class FleetState:
             # What was decided before the stop reaches the fleet (briefly: a lost Redis gives up).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(jobs.join(), 2.0)
+            await self.affinity.close()
         self._stopping = True
         for task in self._tasks:
             task.cancel()
@@ -438,6 +444,31 @@ class FleetState:
         breaker.release_probe(now, attempt.probe_ticket)
         breaker.hold_probe_elsewhere(now + max(int(remaining), 50))
         return False
+
+    # ------------------------------------------------------------------ session pins, response owners
+
+    def pinned(self, session: str, connection_id: str, expires_at: float) -> None:
+        affinity = self.affinity
+        affinity.write(affinity.pin_key(session), connection_id, expires_at, pin=True)
+
+    async def refresh_pin(self, session: str) -> None:
+        found = await self.affinity.read(self.affinity.pin_key(session))
+        if found is not None:
+            self._engine.adopt_pin(session, *found)
+
+    async def settled(self, session: str | None, response_ids: Sequence[str] = ()) -> None:
+        affinity = self.affinity
+        keys = [affinity.owner_key(i) for i in response_ids]
+        if session is not None:
+            keys.append(affinity.pin_key(session))
+        await affinity.settled(keys)
+
+    def remembered(self, response_id: str, connection_id: str, expires_at: float) -> None:
+        affinity = self.affinity
+        affinity.write(affinity.owner_key(response_id), connection_id, expires_at, pin=False)
+
+    async def owner_of(self, response_id: str) -> tuple[str, float] | None:
+        return await self.affinity.read(self.affinity.owner_key(response_id))
 
     def _submit(self, layer: str, job: _Job) -> None:
         if self._jobs is None:
@@ -756,6 +787,7 @@ class FleetState:
         # usual, while the reconcile below merges what changed while Redis was away.
         self.connected = True
         merged = await self._reconcile()
+        merged += await self.affinity.reconcile()
         self.up = True
         self.since = self._clock.now()
         log.warning("fleet: the state backend is back; %d records reconciled", merged)
