@@ -145,11 +145,12 @@ def test_a_replica_cut_off_from_redis_serves_on_its_own_pins_and_shares_them_whe
         response = a.chat(**{"x-session-id": "sess-before"})
         assert served_by(response) == "alpha-2"
         assert response.elapsed.total_seconds() < 0.5
-    pin_to_alpha_2(fake, a, "sess-away")  # pinned while away: kept on A ...
-    assert served_by(b.chat(**{"x-session-id": "sess-away"})) == "alpha-1"  # ... B cannot know it
+    pin_to_alpha_2(fake, a, "sess-away")  # pinned while away: kept on A, B cannot know it yet
+    pin_to_alpha_2(fake, a, "sess-both")
+    assert served_by(b.chat(**{"x-session-id": "sess-both"})) == "alpha-1"  # B pins it later
     gate.heal()
     wait_for(lambda: a.health()["stateBackend"]["connected"], 10, "A is back and reconciled")
-    # A's pin made while away reached the fleet with the reconcile, unless B pinned the session
-    # later (B's pin to alpha-1 above is later: it stays).
-    assert served_by(b.chat(**{"x-session-id": "sess-away"})) == "alpha-1"
-    assert served_by(a.chat(**{"x-session-id": "sess-away"})) == "alpha-1"
+    # The reconcile wrote A's pin made while away, unless the fleet had a later one.
+    assert served_by(b.chat(**{"x-session-id": "sess-away"})) == "alpha-2"
+    assert served_by(b.chat(**{"x-session-id": "sess-both"})) == "alpha-1"
+    assert served_by(a.chat(**{"x-session-id": "sess-both"})) == "alpha-1"
