@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from proxy import untrusted
 from proxy.openapi import openapi_route
-from proxy.readmodel import DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS_LIMIT, WINDOWS
+from proxy.readmodel import DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS_LIMIT, STATS_SCOPES, WINDOWS
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
@@ -339,14 +339,22 @@ def management_routes(runtime: Runtime) -> list[Route]:
 
     async def stats(request: Request) -> Response:
         window = request.query_params.get("window", DEFAULT_WINDOW)
+        scope = request.query_params.get("scope", "replica")
+        errors: list[FieldError] = []
         if window not in WINDOWS:
-            raise _invalid(
-                [
-                    FieldError(
-                        "window", f"must be one of {', '.join(WINDOWS)} (got {untrusted.echo(window)!r})"
-                    )
-                ]
+            errors.append(
+                FieldError("window", f"must be one of {', '.join(WINDOWS)} (got {untrusted.echo(window)!r})")
             )
+        if scope not in STATS_SCOPES:
+            errors.append(
+                FieldError(
+                    "scope", f"must be one of {', '.join(STATS_SCOPES)} (got {untrusted.echo(scope)!r})"
+                )
+            )
+        if errors:
+            raise _invalid(errors)
+        if scope == "fleet":
+            return json_response(await runtime.fleet_stats(window))
         return json_response(runtime.read.stats(window, runtime.read.now()).to_api())
 
     async def metrics(request: Request) -> Response:

@@ -21,7 +21,14 @@ from starlette.routing import Route
 
 from proxy import __version__
 from proxy.apis import API_NAMES
-from proxy.readmodel import ALIVE_STATES, DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS_LIMIT, WINDOWS
+from proxy.readmodel import (
+    ALIVE_STATES,
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_WINDOW,
+    MAX_REQUESTS_LIMIT,
+    STATS_SCOPES,
+    WINDOWS,
+)
 from proxy.settings import INT_LIST_MAX_ITEMS, SCHEMA, SECTIONS, FieldSpec
 
 __all__ = ["PATH", "document", "openapi_route"]
@@ -664,21 +671,41 @@ def _paths() -> dict[str, Schema]:
         },
         "/api/stats": {
             "get": _op(
-                "Traffic per provider and connection over a sliding window",
+                "Traffic per provider and connection over a sliding window, of this replica or its fleet",
                 _json(
                     _obj(
                         {
                             "window": {"type": "string", "enum": list(WINDOWS)},
                             "providers": {"type": "object", "additionalProperties": _ref("Stats")},
                             "connections": {"type": "object", "additionalProperties": _ref("Stats")},
-                        }
+                            "scope": {"const": "fleet", "description": "only with `scope=fleet`"},
+                            "replicas": {
+                                **_obj(
+                                    {
+                                        "summed": {"type": "array", "items": _STR, "description":
+                                                   "the replicas added up, this one first (`local` without a fleet)"},
+                                        "stale": {"type": "array", "items": _STR, "description":
+                                                  "live replicas whose published windows are too old: left out"},
+                                        "missing": {"type": "array", "items": _STR, "description":
+                                                    "live replicas that published none (recording off, just started), "
+                                                    "or every other one while Redis is away: left out"},
+                                    }
+                                ),
+                                "description": "only with `scope=fleet`",
+                            },
+                        },
+                        optional=("scope", "replicas"),
                     ),
                     "the statistics",
                 ),
-                errors={"400": _error("unknown `window` (`invalid_request`, with `fields`)")},
+                errors={"400": _error("unknown `window` or `scope` (`invalid_request`, with `fields`)")},
                 parameters=[
                     {"name": "window", "in": "query", "required": False,
                      "schema": {"type": "string", "enum": list(WINDOWS), "default": DEFAULT_WINDOW}},
+                    {"name": "scope", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": list(STATS_SCOPES), "default": STATS_SCOPES[0]},
+                     "description": "`replica`: this replica's; `fleet`: summed over the fleet's live replicas "
+                                    "(counts add, percentiles from the merged histograms; docs/fleet.md)"},
                 ],
             )
         },

@@ -6,12 +6,18 @@ answers 404 for an id it never issued. The pipeline tells this memory the id of 
 it relays; entries live `RESPONSE_TTL_MS` (24 h) and are persisted like session pins, in the
 same table under a key no session header can produce (a leading tab: HTTP strips it from header
 values), so a restart keeps them without a schema change.
+
+In a fleet (docs/fleet.md) the owners are shared too (`SharedOwners`, implemented on Redis by
+proxy.fleet): each id this memory learns is written through at once, and a follow-up route for an
+id this replica never saw asks the fleet (`lookup`), so a response created through one replica is
+reached through any other. An id names one response forever, so a local answer is never stale.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Protocol
 
 from proxy.resilience.clock import Clock
 from proxy.store import StateStore
@@ -25,11 +31,26 @@ PRUNE_STEP = 4
 live size without ever paying for a large cleanup."""
 
 
+class SharedOwners(Protocol):
+    """Where the fleet's replicas share which connection created each response."""
+
+    def remembered(self, response_id: str, connection_id: str, expires_at: float) -> None:
+        """This replica relayed a new response: share its owner (never blocks)."""
+        ...
+
+    async def owner_of(self, response_id: str) -> tuple[str, float] | None:
+        """(connection id, expires_at) the fleet knows for `response_id`, or None (unknown, or the
+        backend did not answer within a short timeout)."""
+        ...
+
+
 class ResponseOwners:
     def __init__(self, clock: Clock, store: StateStore, *, limit: int = MAX_RESPONSES) -> None:
         self._clock = clock
         self._store = store
         self._limit = limit
+        self.shared: SharedOwners | None = None
+        """The fleet's shared owners (None: this replica alone, the SQLite default)."""
         self._owners: OrderedDict[str, tuple[str, float]] = OrderedDict()
         """response id -> (connection id, expires_at epoch ms), oldest first."""
         self._dirty: set[str] = set()
@@ -57,6 +78,26 @@ class ResponseOwners:
         self._owners.move_to_end(response_id)
         self._dirty.add(response_id)
         self._prune(now, PRUNE_STEP)
+        if self.shared is not None:
+            self.shared.remembered(response_id, connection_id, now + RESPONSE_TTL_MS)
+
+    async def lookup(self, response_id: str) -> str | None:
+        """`owner`, or, when this replica does not know the id, what the fleet knows (kept here)."""
+        found = self.owner(response_id)
+        if found is not None or self.shared is None:
+            return found
+        shared = await self.shared.owner_of(response_id)
+        if shared is None:
+            return None
+        connection_id, expires_at = shared
+        now = self._clock.now()
+        if expires_at <= now:
+            return None
+        # The fleet's entry, not this replica's to persist: not marked dirty.
+        self._owners[response_id] = (connection_id, expires_at)
+        self._owners.move_to_end(response_id)
+        self._prune(now, PRUNE_STEP)
+        return connection_id
 
     def owner(self, response_id: str) -> str | None:
         """The connection that created `response_id`, or None when unknown (or older than 24 h)."""

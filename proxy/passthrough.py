@@ -101,7 +101,7 @@ def _pick(runtime: Runtime, targets: list[Target]) -> tuple[Target, str] | None:
 async def response_follow_up(runtime: Runtime, request: Request) -> Response:
     """GET/DELETE `/v1/responses/{id}`, POST `/v1/responses/{id}/cancel`: to the creating connection."""
     ident = request.path_params["response_id"]
-    owner = runtime.owners.owner(ident) if _RESPONSE_ID.fullmatch(ident) else None
+    owner = await runtime.owners.lookup(ident) if _RESPONSE_ID.fullmatch(ident) else None
     if owner is None:
         return error_response(
             404,

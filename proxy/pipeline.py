@@ -134,6 +134,8 @@ class Wire:
     """The client's own `anthropic-version` / `anthropic-beta`, passed upstream."""
     owners: ResponseOwners | None
     """Where a Responses API answer's id is remembered (None: not the Responses API)."""
+    ids: list[str] = field(default_factory=list)
+    """The response ids this request's answer named (a fleet waits for their owners' writes)."""
 
     def sse_error(self, message: str, code: str) -> bytes:
         return (anthropic_sse_error if self.api == "messages" else responses_sse_error)(message, code)
@@ -144,6 +146,19 @@ class Wire:
             ident = response_id(data)
             if ident is not None:
                 self.owners.remember(ident, connection_id)
+                self.ids.append(ident)
+
+
+async def _shared_settled(engine: Engine, session: str | None, wire: Wire | None) -> None:
+    """A fleet: wait (briefly) until the pin and response owners this answer made have reached the
+    fleet, so the client's next request finds them on any replica (docs/fleet.md). Costs nothing
+    for a request with neither, or without a fleet."""
+    shared = engine.shared
+    if shared is None:
+        return
+    ids = wire.ids if wire is not None else ()
+    if session is not None or ids:
+        await shared.settled(session, ids)
 
 
 def upstream_headers(
@@ -319,6 +334,9 @@ class Pipeline:
         engine = self.engine
         trail = self.trail
         progress = _Progress(api_skips=skips, record=record)
+        if session is not None and engine.shared is not None and engine.settings.session_ttl_ms() > 0:
+            # A fleet: the session may have moved to another replica since this one pinned it.
+            await engine.shared.refresh_pin(session)
         while True:
             decision = engine.select(targets, tried=progress.tried, session=session)
             if isinstance(decision, NoTarget):
@@ -478,6 +496,7 @@ class Pipeline:
             scope.finish(Outcome.ok(upstream.status))
             if wire is not None and wire.owners is not None:
                 wire.seen(conn.spec.id, _json_object(content))
+            await _shared_settled(engine, session, wire)
             if progress.record is not None:
                 progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
             return Response(
@@ -662,6 +681,8 @@ class Pipeline:
                 if record is not None:
                     record.bytes_out = sent
                     record.usage = stream_usage(previous + last)
+            # Ended well (the pin was made): the stream ends once the fleet has the pin.
+            await _shared_settled(engine, scope.session, None)
 
         return _RelayResponse(
             _scrubbed(relay(), engine.scrubber),
@@ -732,6 +753,9 @@ class Pipeline:
             self._failed(scope, outcome, progress, headers)
             return None
 
+        if wire.ids:
+            # The preamble naming the response id goes out next: the fleet knows its owner first.
+            await _shared_settled(engine, None, wire)
         watch = engine.settings.watchdog()
         watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
         attempt = scope.attempt
@@ -796,6 +820,8 @@ class Pipeline:
                         if wire.api == "messages"
                         else stream_usage(previous + last)
                     )
+            # Reached only when the stream ended here normally (a `return` above skips it).
+            await _shared_settled(engine, scope.session, None)
 
         return _RelayResponse(
             _scrubbed(relay(), engine.scrubber),

@@ -35,7 +35,9 @@ __all__ = [
     "ALIVE_STATES",
     "DEFAULT_REQUESTS_LIMIT",
     "DEFAULT_WINDOW",
+    "LOCAL_REPLICA",
     "MAX_REQUESTS_LIMIT",
+    "STATS_SCOPES",
     "WINDOWS",
     "AttemptView",
     "BreakerView",
@@ -71,6 +73,11 @@ ALIVE_STATES = ("queued", "waiting", "slot", "upstream", "streaming")
 WINDOWS: dict[str, int] = {"1m": 60_000, "5m": 300_000, "15m": 900_000}
 """The statistics' sliding windows, by the name `GET /api/stats?window=` takes, in ms."""
 DEFAULT_WINDOW = "5m"
+STATS_SCOPES = ("replica", "fleet")
+"""`GET /api/stats?scope=`: this replica's statistics (the default), or summed over its fleet's
+live replicas (docs/fleet.md#statistics-of-the-fleet)."""
+LOCAL_REPLICA = "local"
+"""The one replica `scope=fleet` names without a fleet (the SQLite default)."""
 """The window the statistics are read over when none is named (the API, the CLI, the console)."""
 DEFAULT_REQUESTS_LIMIT = 200
 MAX_REQUESTS_LIMIT = 1000

@@ -21,7 +21,7 @@ from proxy.config import Config
 from proxy.engine import ConnectionSpec, Engine, ProviderSpec
 from proxy.owners import ResponseOwners
 from proxy.pipeline import Pipeline
-from proxy.readmodel import ReadModel
+from proxy.readmodel import LOCAL_REPLICA, ReadModel
 from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.errors import SettingsError
 from proxy.resilience.events import EventBus
@@ -36,6 +36,7 @@ from proxy.settings import (
 )
 from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoredState
 from proxy.stream import StreamHub
+from proxy.traffic import merged_report
 from proxy.trail import EventCounts, Trail
 from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
@@ -118,6 +119,7 @@ class Runtime:
             assert isinstance(store, FleetState)
             self.fleet = store
             store.attach(self.engine, self.settings)
+            self.owners.shared = store
         server = config.server
         self.upstream = UpstreamClient(
             Timeouts(server.connect_timeout_ms, server.first_byte_timeout_ms, server.idle_timeout_ms)
@@ -128,6 +130,8 @@ class Runtime:
         history = server.request_history
         self.trail = Trail(self.engine, self.clock, history) if history > 0 else None
         """The request records and traffic statistics (None when `server.request_history` is 0)."""
+        if self.fleet is not None and self.trail is not None:
+            self.fleet.stats_source = self.trail.stats.rows
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream, self.trail)
         self.pipeline.owners = self.owners
         self.read = ReadModel(self.engine, self.bus, self.version, self.trail, fleet=self.fleet)
@@ -205,6 +209,35 @@ class Runtime:
     def _persist(self) -> None:
         self.engine.persist()
         self.owners.persist()
+
+    # ------------------------------------------------------------------ the fleet's statistics
+
+    async def fleet_stats(self, window: str) -> dict[str, object]:
+        """`GET /api/stats?scope=fleet`: `window` summed over the fleet's live replicas.
+
+        This replica's own windows are read live; the others' are those they published with
+        their last heartbeat (at most a second or so old). Without a fleet (SQLite), this replica
+        is the fleet: its own statistics, summed over one replica named `local`."""
+        now = self.clock.now()
+        members = {
+            p: [c.spec.id for c in provider.connections] for p, provider in self.engine.providers.items()
+        }
+        own = self.trail.stats.rows(now).get(window, {}) if self.trail is not None else {}
+        parts = [own]
+        fleet = self.fleet
+        if fleet is None:
+            summed, stale, missing = [LOCAL_REPLICA], [], []
+        else:
+            peers = await fleet.peer_stats()
+            summed = [fleet.replica_id, *sorted(peers.rows)]
+            parts += [windows.get(window, {}) for windows in peers.rows.values()]
+            stale, missing = peers.stale, peers.missing
+        report = merged_report(window, members, parts).to_api()
+        return {
+            **report,
+            "scope": "fleet",
+            "replicas": {"summed": summed, "stale": stale, "missing": missing},
+        }
 
     # ------------------------------------------------------------------ settings
 

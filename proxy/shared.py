@@ -14,7 +14,7 @@ Without a backend (`Engine.shared is None`, the SQLite default) none of this run
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from proxy.resilience.classify import BreakerEffect
@@ -63,6 +63,23 @@ class SharedState(Protocol):
     async def take_probe(self, attempt: Attempt) -> bool:
         """Before an attempt admitted as the HALF_OPEN probe is sent: take the fleet's one probe.
         False: another replica holds it; the attempt is withdrawn and must not be sent."""
+        ...
+
+    def pinned(self, session: str, connection_id: str, expires_at: float) -> None:
+        """A session was pinned (or refreshed) on this replica after a success (already applied
+        locally): share it with the fleet at once. Never blocks: the write runs on its own."""
+        ...
+
+    async def refresh_pin(self, session: str) -> None:
+        """Before a session's request is routed: take the fleet's current pin for it into the memory
+        tier (`Engine.adopt_pin`), so that a session another replica moved is followed. Bounded by
+        a short timeout; with the backend away the memory tier's pin stands (fail-open)."""
+        ...
+
+    async def settled(self, session: str | None, response_ids: Sequence[str] = ()) -> None:
+        """Wait, briefly, until this replica's writes of `session`'s pin and of the owners of
+        `response_ids` have reached the fleet: called before the answer that made them is
+        complete, so the client's next request, on any replica, finds them."""
         ...
 
 

@@ -209,6 +209,18 @@ class TrafficStats:
             {c: _stats(rows[c]) if c in rows else _IDLE for c in self.connections},
         )
 
+    def rows(self, now: float) -> dict[str, dict[str, list[float]]]:
+        """Every window's raw totals per connection as of `now` (window name -> connection -> row),
+        idle connections left out: what a fleet's replica publishes, for `merged_report` to add up
+        on another replica. Fresh lists (never a series' own)."""
+        bucket = int(now // BUCKET_MS)
+        out: dict[str, dict[str, list[float]]] = {}
+        for name, w in _WINDOW_INDEX.items():
+            since = bucket - _SPANS[w]  # idle through the window: nothing to publish (see report)
+            rows = {c: list(s.window(w, bucket)) for c, s in self.connections.items() if s.latest > since}
+            out[name] = {c: row for c, row in rows.items() if any(row)}
+        return out
+
     def by_status(self) -> dict[tuple[str, str, int], int]:
         """Finished requests per (provider, connection, status) since the start (for /metrics)."""
         return {
@@ -242,6 +254,33 @@ class TrafficStats:
 
 _IDLE = StatsView(0, 0, None, None, None, None, None)
 """A connection's figures over a window it served no request in."""
+
+ROW_WIDTH = _WIDTH
+"""The length of one raw row (`TrafficStats.rows`): a row of another length (another layout of
+the bins) cannot be added and is left out by `merged_report`."""
+
+
+def merged_report(
+    window: str, members: Mapping[str, Sequence[str]], parts: Iterable[Mapping[str, Sequence[float]]]
+) -> StatsReport:
+    """One window's report over several replicas' raw rows (`TrafficStats.rows()[window]` each).
+
+    The rows are added up bin by bin, then read like one replica's: counts, errors and token sums
+    add, and the percentiles come from the merged histograms (never an average of percentiles).
+    `members`: each provider's connection ids, as `TrafficStats` takes them."""
+    totals = {c: [0.0] * _WIDTH for ids in members.values() for c in ids}
+    for part in parts:
+        for connection, row in part.items():
+            into = totals.get(connection)
+            if into is None or len(row) != _WIDTH:
+                continue
+            for i in range(_WIDTH):
+                into[i] += float(row[i])
+    return StatsReport(
+        window,
+        {p: _stats(_summed(totals[c] for c in ids)) for p, ids in members.items()},
+        {c: _stats(row) for c, row in totals.items()},
+    )
 
 
 def _stats(row: list[float]) -> StatsView:

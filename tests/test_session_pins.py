@@ -132,3 +132,21 @@ def test_pins_restored_from_the_database_are_pruned_oldest_first(tmp_path: Path)
     clock.advance(20_000)
     engine.persist()
     assert list(engine.pins) == ["late"]
+
+
+def test_a_pin_another_replica_made_is_adopted_unless_this_replicas_own_is_later() -> None:
+    clock = FakeClock()
+    engine = make_engine(clock)
+    serve(engine, "s")  # oa-1, expires at now + TTL
+    mine = engine.pins["s"][1]
+    engine.persist()
+    engine.adopt_pin("s", "oa-2", mine - 1)  # an older pin elsewhere: ours stands
+    assert engine.pins["s"] == ("oa-1", mine)
+    engine.adopt_pin("s", "oa-2", mine + 1)  # a later one: the session moved
+    pick = engine.select([GPT], session="s")
+    assert isinstance(pick, Attempt) and pick.connection.spec.id == "oa-2" and pick.pinned_by_session
+    engine.adopt_pin("s", "nowhere", mine + 2)  # a connection this replica does not know
+    engine.adopt_pin("t", "oa-2", clock.now())  # already expired
+    assert engine.pins["s"] == ("oa-2", mine + 1) and "t" not in engine.pins
+    # Adopted pins are the fleet's: not this replica's to persist.
+    assert engine._layers.pins.take_dirty() == ({}, [])

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.readmodel import WINDOWS
-from proxy.traffic import BUCKET_MS, LAT, TrafficStats, count
+from proxy.traffic import BUCKET_MS, LAT, TrafficStats, count, merged_report
 from proxy.trail import error_of, messages_stream_usage, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
@@ -79,6 +79,35 @@ def test_tokens_per_second_counts_streams_with_usage_only() -> None:
     s.add("p", "c", T0, 2000, False, 200, 500, (10, 300, 310), 1500)
     s.add("p", "c", T0, 2000, False, 200, None, (10, 999, 1009), None)  # not a stream
     assert s.report("5m", T0).providers["p"].tokens_per_second == 200.0
+
+
+def test_merged_rows_of_one_replica_read_as_its_own_report() -> None:
+    s = TrafficStats({"p": ["a", "b"], "q": ["c"]})
+    s.add("p", "a", T0, 100, False, 200, 40, (3, 4, 7), 80)
+    s.add("p", "b", T0 + BUCKET_MS, 300, True, 500, None, None, None)
+    now = T0 + 2 * BUCKET_MS
+    rows = s.rows(now)
+    assert set(rows) == {"1m", "5m", "15m"} and set(rows["1m"]) == {"a", "b"}  # idle c left out
+    for window in rows:
+        assert merged_report(window, s.ids, [json.loads(json.dumps(rows[window]))]) == s.report(window, now)
+
+
+def test_a_fleets_statistics_add_counts_and_merge_histograms_never_average_percentiles() -> None:
+    fast, slow = stats(), stats()
+    for _ in range(9):
+        add(fast, T0, 10)  # nine fast requests on one replica
+    add(slow, T0, 1000, error=True)  # one slow failure on another
+    merged = merged_report("1m", {"p": ["c"]}, [fast.rows(T0)["1m"], slow.rows(T0)["1m"]]).providers["p"]
+    assert (merged.requests, merged.errors, merged.error_rate) == (10, 1, 0.1)
+    one, other = fast.report("1m", T0).providers["p"], slow.report("1m", T0).providers["p"]
+    assert one.p50_ms is not None and other.p50_ms is not None
+    # The fleet's median is in the fast requests' bin (5-10 ms), not the average of two medians.
+    assert merged.p50_ms is not None and 5 <= merged.p50_ms <= 10
+    assert (one.p50_ms + other.p50_ms) / 2 > 400
+    assert merged.p95_ms is not None and merged.p95_ms > 750
+    # A row of another layout (another version's bins), or of an unknown connection, adds nothing.
+    odd = merged_report("1m", {"p": ["c"]}, [fast.rows(T0)["1m"], {"c": [1.0] * 3, "zz": [1.0] * 99}])
+    assert odd.providers["p"].requests == 9
 
 
 def test_the_sparkline_series_is_one_p50_per_bucket() -> None:

@@ -88,6 +88,9 @@ def requests(
 @app.command(rich_help_panel=PANEL)
 def stats(
     window: Annotated[str, typer.Option("--window", "-w", help="1m, 5m or 15m.")] = "5m",
+    fleet: Annotated[
+        bool, typer.Option("--fleet", help="Summed over the fleet's live replicas, not this replica's own.")
+    ] = False,
     json_: JsonOpt = False,
     output: OutputOpt = None,
     url: UrlOpt = None,
@@ -99,8 +102,9 @@ def stats(
     Example: [bold]omniroute stats --window 1m --json | jq '.providers'[/bold]
     """
     json_ = as_json(json_, output)
+    query = f"?window={quote(window, safe='')}" + ("&scope=fleet" if fleet else "")
     with connect(url, token, config) as api:
-        doc: dict[str, Any] = api.get(f"{STATS}?window={quote(window, safe='')}")
+        doc: dict[str, Any] = api.get(f"{STATS}{query}")
     emit(doc, json_=json_, human=lambda: _stats_table(doc))
 
 
@@ -197,9 +201,17 @@ def _stats_table(doc: dict[str, Any]) -> RenderableType | None:
     if not rows:
         note("No providers are configured.")
         return None
+    replicas = doc.get("replicas")
+    title = f"last {doc['window']}"
+    if replicas is not None:
+        summed = replicas["summed"]
+        title += f", fleet of {len(summed)} replica{'s' if len(summed) != 1 else ''}"
+        left_out = [*replicas["stale"], *replicas["missing"]]
+        if left_out:
+            note(f"Not summed (stale or missing): {', '.join(left_out)}.")
     t = table(
         "Scope", "Name", "Requests", "Errors", "Error rate", "p50", "p95", "TTFT p50", "Tokens/s",
-        keep=2, title=f"last {doc['window']}",
+        keep=2, title=title,
     )  # fmt: skip
     for scope, name, s in rows:
         t.add_row(

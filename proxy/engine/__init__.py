@@ -114,6 +114,12 @@ class Engine:
         """session -> (connection id, expires_at), least recently refreshed first."""
         return self._layers.pins.table
 
+    def adopt_pin(self, session: str, connection_id: str, expires_at: float) -> None:
+        """Take a session pin another replica made (a fleet): the later pin wins; a pin naming a
+        connection this replica does not know is ignored."""
+        if connection_id in self.connections:
+            self._layers.pins.adopt(session, connection_id, expires_at, self.clock.now())
+
     # -- routing (routing.py) ------------------------------------------------------------------
 
     def select(

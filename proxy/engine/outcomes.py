@@ -138,6 +138,8 @@ class Outcomes(EnginePart):
             ttl = self.settings.session_ttl_ms()
             if ttl > 0:
                 self.pins.pin(session, cid, now, ttl)
+                if self._layers.shared is not None:
+                    self._layers.shared.pinned(session, cid, now + ttl)
 
         return Recorded(verdict, outcome.status, client_retry)
 

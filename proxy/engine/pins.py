@@ -42,6 +42,23 @@ class SessionPins:
         self.dirty.add(session)
         self.prune(now, PIN_PRUNE_STEP)
 
+    def adopt(self, session: str, connection_id: str, expires_at: float, now: float) -> bool:
+        """Take a pin another replica made (a fleet, proxy/shared.py): the later pin wins.
+
+        Pins share one TTL, so the later deadline is the later success: a pin this replica made
+        after the other one's stays (its own write may still be on its way). Not marked dirty: the
+        pin is the fleet's, not this replica's to persist. True when the table changed."""
+        if expires_at <= now:
+            return False
+        pins = self.table
+        mine = pins.get(session)
+        if mine is not None and mine[1] >= expires_at:
+            return False
+        pins[session] = (connection_id, expires_at)
+        pins.move_to_end(session)
+        self.prune(now, PIN_PRUNE_STEP)
+        return True
+
     def restore(
         self, stored: Mapping[str, tuple[str, float]], connections: Container[str], now: float
     ) -> None:

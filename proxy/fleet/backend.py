@@ -20,6 +20,10 @@ settled only by its owner, expiring with a dead owner.
 When Redis is away the replica keeps serving on its memory tier (fail-open), says so (a `state`
 event, `stateBackend` in the health document), remembers what it changed, and reconciles when
 Redis is back (proxy/fleet/merge.py).
+
+Session pins and response owners are not transitions: they are keys with a TTL, written through
+as they are made (proxy/fleet/affinity.py). Each heartbeat also publishes this replica's
+statistics windows, which `peer_stats` reads for `/api/stats?scope=fleet`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +48,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from proxy.config import Config
+from proxy.fleet.affinity import Affinity
 from proxy.fleet.fingerprint import config_items, differences, fingerprint
 from proxy.fleet.merge import MERGES
 from proxy.fleet.scripts import RELEASE_PROBE, RENEW_PROBE, TRANSITION
@@ -72,6 +77,9 @@ TOMBSTONE_TTL_MS = 600_000
 learns it was removed, instead of writing its old copy back."""
 REPLICA_TTL_MS = 5_000
 HEARTBEAT_S = 1.0
+STATS_STALE_MS = 3_000
+"""A replica's published statistics older than this are not summed (`/api/stats?scope=fleet`): its
+heartbeat, which refreshes them every second, has been failing."""
 COMMAND_TIMEOUT_S = 1.0
 """A command not answered within this is a lost Redis: the replica fails open rather than wait."""
 FEED_BLOCK_MS = 1_000
@@ -94,6 +102,19 @@ class _Job:
     lease: bool = False
     """A breaker job of the probe: give the lease back once it is recorded."""
     event: Event | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStats:
+    """The other live replicas' published statistics windows (`FleetState.peer_stats`)."""
+
+    rows: dict[str, dict[str, dict[str, list[float]]]]
+    """replica id -> window -> connection -> raw row (proxy.traffic.TrafficStats.rows)."""
+    stale: list[str]
+    """Live replicas whose windows are older than STATS_STALE_MS (not in `rows`)."""
+    missing: list[str]
+    """Live replicas that published none (recording off, just started), or all of them but this
+    one while Redis is away."""
 
 
 class FleetUnavailable(StoreError):
@@ -156,6 +177,13 @@ class FleetState:
         self._feed: Any = None
         self._closed = False
         self._stopping = False
+        self.stats_source: Callable[[float], dict[str, dict[str, list[float]]]] | None = None
+        """This replica's statistics windows as of a time (set by the runtime; None: recording is
+        off): published with each heartbeat for `/api/stats?scope=fleet`."""
+        self.affinity = Affinity(
+            self.prefix, self._clock.now, lambda: self._r if self.connected else None, self._lost
+        )
+        """Session pins and response owners, shared as keys with a TTL (proxy/fleet/affinity.py)."""
 
     # ------------------------------------------------------------------ keys
 
@@ -247,7 +275,7 @@ class FleetState:
         pass
 
     def save_pins(self, upserts: Any, deletes: Any) -> None:
-        pass  # session pins stay per replica (docs/fleet.md#what-is-shared)
+        pass  # pins and response owners are written through as they are made (`pinned`, `remembered`)
 
     def set_meta(self, key: str, value: str) -> None:
         with contextlib.suppress(RedisError):
@@ -307,7 +335,7 @@ class FleetState:
             return
         self._closed = True
         with contextlib.suppress(RedisError):
-            self._sync.delete(self.key("replica", self.replica_id))
+            self._sync.delete(self.key("replica", self.replica_id), self.key("stats", self.replica_id))
         self._sync.close()
 
     # ------------------------------------------------------------------ lifecycle
@@ -350,6 +378,7 @@ class FleetState:
             # What was decided before the stop reaches the fleet (briefly: a lost Redis gives up).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(jobs.join(), 2.0)
+            await self.affinity.close()
         self._stopping = True
         for task in self._tasks:
             task.cancel()
@@ -359,7 +388,10 @@ class FleetState:
         if self._r is not None:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 # The Replicas line loses this replica at once, not when its key expires.
-                await asyncio.wait_for(self._r.delete(self.key("replica", self.replica_id)), STOP_TIMEOUT_S)
+                await asyncio.wait_for(
+                    self._r.delete(self.key("replica", self.replica_id), self.key("stats", self.replica_id)),
+                    STOP_TIMEOUT_S,
+                )
         for client in (self._r, self._feed):
             if client is not None:
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
@@ -438,6 +470,31 @@ class FleetState:
         breaker.release_probe(now, attempt.probe_ticket)
         breaker.hold_probe_elsewhere(now + max(int(remaining), 50))
         return False
+
+    # ------------------------------------------------------------------ session pins, response owners
+
+    def pinned(self, session: str, connection_id: str, expires_at: float) -> None:
+        affinity = self.affinity
+        affinity.write(affinity.pin_key(session), connection_id, expires_at, pin=True)
+
+    async def refresh_pin(self, session: str) -> None:
+        found = await self.affinity.read(self.affinity.pin_key(session))
+        if found is not None:
+            self._engine.adopt_pin(session, *found)
+
+    async def settled(self, session: str | None, response_ids: Sequence[str] = ()) -> None:
+        affinity = self.affinity
+        keys = [affinity.owner_key(i) for i in response_ids]
+        if session is not None:
+            keys.append(affinity.pin_key(session))
+        await affinity.settled(keys)
+
+    def remembered(self, response_id: str, connection_id: str, expires_at: float) -> None:
+        affinity = self.affinity
+        affinity.write(affinity.owner_key(response_id), connection_id, expires_at, pin=False)
+
+    async def owner_of(self, response_id: str) -> tuple[str, float] | None:
+        return await self.affinity.read(self.affinity.owner_key(response_id))
 
     def _submit(self, layer: str, job: _Job) -> None:
         if self._jobs is None:
@@ -756,6 +813,7 @@ class FleetState:
         # usual, while the reconcile below merges what changed while Redis was away.
         self.connected = True
         merged = await self._reconcile()
+        merged += await self.affinity.reconcile()
         self.up = True
         self.since = self._clock.now()
         log.warning("fleet: the state backend is back; %d records reconciled", merged)
@@ -884,11 +942,55 @@ class FleetState:
             "lastSeen": iso(now),
         }
         await self._r.set(self.key("replica", self.replica_id), json.dumps(me), px=REPLICA_TTL_MS)
+        source = self.stats_source
+        if source is not None:
+            windows = {"at": now, "windows": source(now)}
+            text = json.dumps(windows, separators=(",", ":"))
+            await self._r.set(self.key("stats", self.replica_id), text, px=REPLICA_TTL_MS)
         names = [name async for name in self._r.scan_iter(match=f"{self.prefix}replica:*", count=100)]
         values = await self._r.mget(names) if names else []
         replicas = [json.loads(v) for v in values if v]
         replicas.sort(key=lambda r: str(r.get("id")))
         self.replicas = replicas
+
+    async def peer_stats(self) -> PeerStats:
+        """The statistics windows the other live replicas published (`/api/stats?scope=fleet`).
+
+        Read when asked (a management read, never the request path): the live replicas are the
+        `replica:*` keys, their windows the `stats:*` keys they refresh with each heartbeat. With
+        Redis away, every other replica last seen is missing."""
+        others = [str(r.get("id")) for r in self.replicas if r.get("id") != self.replica_id]
+        if not self.connected or self._r is None:
+            return PeerStats({}, [], others)
+        try:
+            names = [n async for n in self._r.scan_iter(match=f"{self.prefix}replica:*", count=100)]
+            ids = sorted(n[len(self.prefix) + len("replica:") :] for n in names)
+            ids = [i for i in ids if i != self.replica_id]
+            values = await self._r.mget([self.key("stats", i) for i in ids]) if ids else []
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            return PeerStats({}, [], others)
+        now = self._clock.now()
+        rows: dict[str, dict[str, dict[str, list[float]]]] = {}
+        stale: list[str] = []
+        missing: list[str] = []
+        for ident, text in zip(ids, values, strict=True):
+            if not text:
+                missing.append(ident)
+                continue
+            try:
+                published = json.loads(text)
+                at, windows = float(published["at"]), published["windows"]
+            except (ValueError, TypeError, KeyError):
+                missing.append(ident)
+                continue
+            if now - at > STATS_STALE_MS:
+                stale.append(ident)
+            elif isinstance(windows, dict):
+                rows[ident] = windows
+            else:
+                missing.append(ident)
+        return PeerStats(rows, stale, missing)
 
 
 def _plain(record: Mapping[str, Any]) -> dict[str, Any]:

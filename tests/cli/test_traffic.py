@@ -73,6 +73,10 @@ def test_stats_json_is_the_document_and_a_bad_window_is_a_usage_error(proxy: Ins
     assert human.code == 0 and "last 5m" in human.stdout and "alpha-1" in human.stdout
     bad = proxy.cli("stats", "--window", "2m")
     assert bad.code == 2 and "window" in bad.stderr and "1m, 5m, 15m" in bad.stderr
+    fleet = proxy.cli("stats", "--fleet", "--json").json()
+    assert fleet == proxy.api("/api/stats?scope=fleet")
+    assert fleet["replicas"]["summed"] == ["local"] and fleet["providers"]["alpha"]["requests"] == 1
+    assert "fleet of 1 replica" in proxy.cli("stats", "--fleet").stdout
 
 
 def test_against_a_real_serve_the_trail_shows_the_fallback(tmp_path: Path) -> None:

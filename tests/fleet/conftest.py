@@ -112,6 +112,7 @@ def fleet_config(
     disable_cooling: bool = False,
     first_byte_timeout_ms: int = 10_000,
     extra: str = "",
+    provider_extra: str = "",
 ) -> Path:
     cooling = "disable_cooling = true\n" if disable_cooling else ""
     text = f"""[server]
@@ -127,7 +128,7 @@ key_prefix = "{prefix}"
 class = "{provider_class}"
 base_url = "{upstream_url}"
 per_model_quota = false
-
+{provider_extra}
 [[providers.alpha.connections]]
 id = "alpha-1"
 api_key = "{KEY_A}"

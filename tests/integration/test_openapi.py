@@ -258,3 +258,5 @@ def test_proxy_answers_fit_the_schemas(
     fits(doc, proxy.get("/api/stats"), "/api/stats", "get")
     assert proxy.get("/api/stats").json()["providers"]["alpha"]["requests"] == 1
     fits(doc, proxy.get("/api/stats", params={"window": "1h"}), "/api/stats", "get")
+    fits(doc, proxy.get("/api/stats", params={"scope": "fleet"}), "/api/stats", "get")
+    fits(doc, proxy.get("/api/stats", params={"scope": "world"}), "/api/stats", "get")

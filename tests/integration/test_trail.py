@@ -330,6 +330,25 @@ def test_stats_per_provider_and_connection(
     assert bad.status_code == 400 and bad.json()["error"]["fields"][0]["field"] == "window"
 
 
+def test_stats_scope_fleet_without_a_fleet_is_this_replica_and_a_bad_scope_is_a_400(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    a, b = upstreams("a"), upstreams("b")
+    proxy = launch(_duo(a, b), clock=FakeClock())
+    a.fake.script(Reply("error", status=503))
+    assert ask(proxy, "duo").status_code == 200
+    own = proxy.http.get("/api/stats?window=1m").json()
+    fleet = proxy.http.get("/api/stats?window=1m&scope=fleet").json()
+    assert fleet.pop("scope") == "fleet"
+    assert fleet.pop("replicas") == {"summed": ["local"], "stale": [], "missing": []}
+    assert fleet == own
+    assert proxy.http.get("/api/stats?scope=replica").json() == proxy.http.get("/api/stats").json()
+    bad = proxy.http.get("/api/stats?scope=everywhere")
+    assert bad.status_code == 400
+    assert [f["field"] for f in bad.json()["error"]["fields"]] == ["scope"]
+    assert "replica, fleet" in bad.json()["error"]["fields"][0]["message"]
+
+
 def test_metrics_parse_with_the_exposition_librarys_own_parser(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
