@@ -8,9 +8,26 @@ already moved past, and sometimes moves time. What must hold, whatever the inter
 
 - the fleet's probe: at most one attempt on the whole fleet holds the probe lease at a time;
 - one OPEN per open: the change feed never carries an OPEN for a breaker that was already OPEN;
-- later deadline wins: the shared cooldown deadline is the latest one any 429 hint asked for
-  (no replica shortens what another set);
+- one order: once the background work is done, key-1's shared cooldown is what the cooldown
+  rules give for SOME serialization of the outcomes recorded since the replicas last caught up
+  (`settle`) that keeps each replica's own order; see below;
 - one state: once the background work is done, both memory tiers equal what Redis holds.
+
+What "one order" promises, and what it does not. Each replica's worker replays its operations in
+the order they were made, each on the shared record as Redis holds it when its write lands, and a
+replica only hears of a record after Redis has it: so Redis applies the outcomes in one order, in
+which each replica's come in its own order and after everything that replica had heard of. Two
+outcomes on replicas that had not heard of each other are concurrent: neither replica could tell
+which came first, and Redis may apply them either way round. So the fleet does not promise the
+result of the order the steps ran in here: replica 0 answered 429 then 200 and replica 1, not
+having heard of either, a 429 afterwards may end with no cooldown (replica 1's 429 landed between
+replica 0's two writes, and the success cleared it, as a success clears a cooldown on one
+process). What it promises is that the result is one such serialization's: a 429 replayed on a
+later deadline never shortens it (anti-herd, later hint wins), nothing is lost or invented. The
+model keeps a log per replica since the last `settle` and checks the shared deadline against
+every interleaving of the two logs (`reachable`). Where the order is known the check is exact:
+`settle` starts new logs from the one state the fleet then holds, and time moves only in
+`time_passes`, which settles first.
 """
 
 from __future__ import annotations
@@ -33,6 +50,9 @@ from proxy.resilience.clock import FakeClock
 from proxy.resilience.outcome import Outcome
 from proxy.runtime import Runtime
 from tests.fleet.conftest import REDIS_URL, require_redis
+
+Event = tuple[float, int | None]
+"""One key-1 outcome in the model: (when, the 429's retry-after in seconds; None for a success)."""
 
 CONFIG = """[server]
 port = {port}
@@ -85,7 +105,9 @@ class FleetOverlap(RuleBasedStateMachine):
             self.loop.run_until_complete(runtime.start())
         self.pending: list[tuple[int, Attempt]] = []
         self.expected_until: float | None = None
-        """The cooldown deadline of key-1 the hints ask for (the latest still running)."""
+        """Key-1's cooldown deadline at the last `settle` (None: not cooling), known for sure there."""
+        self.logs: tuple[list[Event], list[Event]] = ([], [])
+        """Each replica's key-1 outcomes since the last `settle`, in the order it recorded them."""
 
     def teardown(self) -> None:
         for runtime in self.runtimes:
@@ -123,9 +145,9 @@ class FleetOverlap(RuleBasedStateMachine):
         outcome = data.draw(st.sampled_from(OUTCOMES[attempt.target.provider]))
         now = self.clock.now()
         if attempt.target.provider == "keys" and outcome.status == 429:
-            self._expect(now, int(outcome.headers["retry-after"]))
+            self.logs[replica].append((now, int(outcome.headers["retry-after"])))
         elif attempt.target.provider == "keys":
-            self.expected_until = None  # a success clears the cooldown
+            self.logs[replica].append((now, None))  # a success clears the cooldown
         self.runtimes[replica].engine.record(attempt, outcome)
         self.turns(turns)
 
@@ -146,15 +168,38 @@ class FleetOverlap(RuleBasedStateMachine):
         for replica, attempt, hint in started:
             if provider == "keys":
                 outcome = Outcome.http(429, "slow down", {"retry-after": str(hint)})
-                self._expect(now=self.clock.now(), hint_s=hint)
+                self.logs[replica].append((self.clock.now(), hint))
             else:
                 outcome = Outcome.http(503)
             self.runtimes[replica].engine.record(attempt, outcome)
 
-    def _expect(self, now: float, hint_s: int) -> None:
+    @staticmethod
+    def _expect(until: float | None, event: Event) -> float | None:
+        """Key-1's deadline after one outcome, on one process: a success clears it; a 429 starts
+        one from its hint, or, while one runs, moves it only to a later end."""
+        now, hint_s = event
+        if hint_s is None:
+            return None
         asked = now + hint_s * 1000
-        running = self.expected_until is not None and self.expected_until > now
-        self.expected_until = max(asked, self.expected_until or 0) if running else asked
+        running = until is not None and until > now
+        return max(asked, until) if running and until is not None else asked
+
+    def reachable(self) -> set[float | None]:
+        """Key-1's deadline after every interleaving of the two replicas' logs that keeps each
+        replica's own order: reachable[i][j] is the set after i outcomes of replica 0 and j of
+        replica 1, built from [i-1][j] and [i][j-1]."""
+        first, second = self.logs
+        reach: list[list[set[float | None]]] = [
+            [set() for _ in range(len(second) + 1)] for _ in range(len(first) + 1)
+        ]
+        reach[0][0] = {self.expected_until}
+        for i in range(len(first) + 1):
+            for j in range(len(second) + 1):
+                if i:
+                    reach[i][j] |= {self._expect(u, first[i - 1]) for u in reach[i - 1][j]}
+                if j:
+                    reach[i][j] |= {self._expect(u, second[j - 1]) for u in reach[i][j - 1]}
+        return reach[len(first)][len(second)]
 
     @rule(seconds=st.sampled_from([1, 10, 40]))
     def time_passes(self, seconds: int) -> None:
@@ -200,7 +245,8 @@ class FleetOverlap(RuleBasedStateMachine):
         assert "OPEN" not in opened_from
 
     def check_one_state(self) -> None:
-        """Once the background work is done: later deadline wins, and one state everywhere."""
+        """Once the background work is done: one order (the shared deadline is a serialization's), and
+        one state everywhere."""
         shared: dict[str, Any] = {}
         for kind, ident in (("c", "key-1"), ("b", "flaky")):
             text = self.redis.hget(f"{self.prefix}{kind}:{ident}", "r")
@@ -214,9 +260,17 @@ class FleetOverlap(RuleBasedStateMachine):
                 # written: both sides are compared as a read at this instant would show them.
                 runtime_breaker = runtime.engine.providers["flaky"].breaker
                 assert self._as_read(runtime_breaker.to_record()) == self._as_read(shared["flaky"])
-        if self.expected_until is not None and self.expected_until > self.clock.now():
-            assert shared["key-1"] is not None
-            assert shared["key-1"]["rate_limited_until"] == self.expected_until
+        now = self.clock.now()
+
+        def running(until: float | None) -> float | None:
+            return until if until is not None and until > now else None
+
+        found = running(shared["key-1"]["rate_limited_until"] if shared["key-1"] is not None else None)
+        allowed = {running(u) for u in self.reachable()}
+        assert found in allowed, (found, allowed, self.expected_until, self.logs)
+        # The replicas caught up: from here the order is known again, and it starts at this state.
+        self.expected_until = found
+        self.logs = ([], [])
 
 
 def _as_read_impl(self: FleetOverlap, record: dict[str, Any]) -> dict[str, Any]:
