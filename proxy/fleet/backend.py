@@ -296,20 +296,7 @@ class FleetState:
                 self._settings_version = expected + 1
                 return
             try:
-                ok, version, _ = self._sync.eval(
-                    TRANSITION,
-                    2,
-                    self.settings_key,
-                    self.feed_key,
-                    expected,
-                    "s",
-                    "settings",
-                    text,
-                    "[]",
-                    self.replica_id,
-                    0,
-                    FEED_MAXLEN,
-                )
+                ok, version, _ = self._sync.eval(*self._settings_write(expected, text))
             except RedisError as exc:
                 self._settings_dirty = True
                 self._settings_version = expected + 1
@@ -900,7 +887,13 @@ class FleetState:
 
     async def _write_settings(self, expected: int, document: str) -> tuple[bool, int]:
         assert self._r is not None
-        result = await self._r.eval(
+        result = await self._r.eval(*self._settings_write(expected, document))
+        return bool(int(result[0])), int(result[1])
+
+    def _settings_write(self, expected: int, document: str) -> tuple[Any, ...]:
+        """The TRANSITION script's arguments that write the settings `document` if the fleet's
+        version is still `expected` (for the request threads' client and the loop's alike)."""
+        return (
             TRANSITION,
             2,
             self.settings_key,
@@ -914,7 +907,6 @@ class FleetState:
             0,
             FEED_MAXLEN,
         )
-        return bool(int(result[0])), int(result[1])
 
     # ------------------------------------------------------------------ replicas
 
