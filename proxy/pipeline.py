@@ -475,12 +475,7 @@ class Pipeline:
                 wire.seen(conn.spec.id, _json_object(content))
             if progress.record is not None:
                 progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
-            return Response(
-                scrub.secrets(content),
-                status_code=upstream.status,
-                media_type=scrub(upstream.content_type),
-                headers=headers,
-            )
+            return _relayed(scrub.secrets(content), upstream.status, scrub(upstream.content_type), headers)
         finally:
             # Every path above either recorded an outcome or handed the scope to a relay; anything
             # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
@@ -892,6 +887,36 @@ class Pipeline:
             "all_targets_unavailable",
             skipped=skipped,
         )
+
+
+class _Relayed(Response):
+    """An upstream's answer relayed whole: what `Response(body, status_code=..., media_type=...,
+    headers=...)` builds, with its header list written out directly instead of by
+    `Response.init_headers` (which lower-cases, encodes and scans them all again for every answer)."""
+
+    def __init__(
+        self, body: bytes, status: int, media_type: str, raw_headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.status_code = status
+        self.media_type = media_type
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def _relayed(body: bytes, status: int, media_type: str, headers: dict[str, str]) -> Response:
+    """The answer of a successful non-streaming attempt, with the route's `headers`."""
+    if media_type.startswith("text/") or status < 200 or status in (204, 304):
+        # Starlette's own rules (a charset for text, no length without a body): its Response.
+        return Response(body, status_code=status, media_type=media_type, headers=headers)
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"content-length", str(len(body)).encode()))
+    raw.append((b"content-type", media_type.encode("latin-1")))
+    return _Relayed(body, status, media_type, raw)
 
 
 def _answer(
