@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -64,13 +64,15 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
     with Starlette."""
 
     def route(endpoint: str) -> Endpoint:
-        async def handle(request: Request) -> Response:
-            return await runtime.pipeline.handle(request, endpoint)
+        # A plain function handing back the pipeline's own coroutine, with no coroutine of its own
+        # between: each coroutine in the chain is resumed again at every await below it.
+        def handle(request: Request) -> Awaitable[Response]:
+            return runtime.pipeline.handle(request, endpoint)
 
         return handle
 
-    async def messages(request: Request) -> Response:
-        return await runtime.pipeline.handle_messages(request)
+    def messages(request: Request) -> Awaitable[Response]:
+        return runtime.pipeline.handle_messages(request)
 
     async def count_tokens(request: Request) -> Response:
         return await passthrough.count_tokens(runtime, request)
@@ -83,6 +85,15 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
         "/v1/messages": messages,
         "/v1/messages/count_tokens": count_tokens,
     }
+
+
+def _coroutine(endpoint: Endpoint) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    """`endpoint` as an `async def`: Starlette runs any other callable in a thread."""
+
+    async def call(request: Request) -> Response:
+        return await endpoint(request)
+
+    return call
 
 
 def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
@@ -139,7 +150,7 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
     routes = [
         # Registered here too, so that Starlette answers their other methods (405) and the OpenAPI
         # document lists them; their POSTs never get this far (ApiRoutes).
-        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in api.items()),
+        *(Route(path, _coroutine(endpoint), methods=["POST"]) for path, endpoint in api.items()),
         Route("/v1/responses/{response_id}", response_follow_up, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", response_follow_up, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

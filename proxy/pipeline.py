@@ -22,7 +22,7 @@ import collections
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -53,7 +53,7 @@ from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
-from proxy.resilience.limiter import Ticket
+from proxy.resilience.limiter import RequestLimiter, Ticket
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
@@ -194,114 +194,137 @@ class Pipeline:
         return response
 
     async def handle(self, request: Request, endpoint: str) -> Response:
+        # One coroutine from the request to its attempts (no wrapper for the trail's record, nor for
+        # the client watch): every coroutine in the chain is resumed again at every await below it.
         trail = self.trail
-        if trail is None:
-            return await self._handle(request, endpoint, None)
-        record = trail.begin(_request_id(request), _client(request), endpoint)
+        record = None if trail is None else trail.begin(_request_id(request), _client(request), endpoint)
         response: Response | None = None
         try:
-            response = await self._handle(request, endpoint, record)
-            return response
+            headers = _header_map(request)
+            try:
+                raw = await _read_body(request, headers)
+            except BodyTooLarge:
+                response = error_response(413, "request body exceeds 32 MiB", "request_too_large")
+                return response
+            except ClientDisconnect:  # gone before its body arrived: nobody reads this
+                response = error_response(
+                    499, "the client went away before its body arrived", "client_disconnected"
+                )
+                return response
+            try:
+                body, exact = parse_body(raw)
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+                response = error_response(
+                    400,
+                    "request body is not valid JSON (NaN and Infinity are not JSON either)",
+                    "invalid_json",
+                )
+                return response
+            if not isinstance(body, dict):
+                response = error_response(400, "request body must be a JSON object", "invalid_request")
+                return response
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                response = error_response(400, "`model` is required and must be a string", "missing_model")
+                return response
+            if not untrusted.is_text(model):
+                # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
+                # messages may hold any JSON string: they are only passed on.)
+                response = error_response(
+                    400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
+                )
+                return response
+            try:
+                # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
+                # cannot fail, so nothing an attempt does can fail to encode.
+                payload = RequestBody(raw, body, exact=exact)
+            except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
+                response = error_response(400, "request body is nested too deeply", "invalid_json")
+                return response
+            stream = endpoint != "embeddings" and body.get("stream") is True
+            if record is not None:
+                record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
+            # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
+            # while they are young, rather than keep them through the attempts and into the cyclic
+            # collector's older generations.
+            del body
+
+            pinned_raw = headers.get(b"x-omniroute-connection")
+            pinned = pinned_raw.decode("latin-1") if pinned_raw is not None else None
+            router = self.router
+            route = router.known(model, pinned)
+            if route is None:
+                route = await router.resolve(model, pinned)
+            if route is None:
+                response = error_response(
+                    404,
+                    f"model {untrusted.echo(model)!r} is not a configured provider/model, combo, or model any upstream lists",
+                    "model_not_found",
+                )
+                return response
+            if not route.targets:
+                response = error_response(
+                    404,
+                    f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
+                    "connection_not_found",
+                )
+                return response
+            session_raw = next((headers[h] for h in _SESSION_KEYS if h in headers), None)
+            session = session_raw.decode("latin-1") if session_raw is not None else None
+            targets = route.targets
+            api = ENDPOINT_API[endpoint]
+            mute = self._mute[api]
+            skips: tuple[Skip, ...] = ()
+            if mute and any(t.provider in mute for t in targets):
+                skips = tuple(
+                    Skip(str(t), None, f"does not speak {api}", None, False)
+                    for t in targets
+                    if t.provider in mute
+                )
+                targets = [t for t in targets if t.provider not in mute]
+                if not targets:
+                    why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
+                    response = error_response(
+                        404,
+                        f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
+                        "model_not_found",
+                        skipped=[s.to_dict(0) for s in skips],
+                    )
+                    return response
+            wire = None
+            if api in ("messages", "responses"):
+                client = {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
+                wire = Wire(api, client, self.owners if api == "responses" else None)
+            if record is not None:
+                record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
+
+            stats = self.engine.stats
+            stats.started()
+            # As `_while_connected`, without a coroutine of its own: the attempts run in this task
+            # for as long as the client is there to read the answer.
+            watch: _ClientWatch | None = None
+            try:
+                watch = _ClientWatch(request.receive)
+                response = await self._route(endpoint, payload, targets, stream, session, skips, wire, record)
+                return response
+            except asyncio.CancelledError:
+                if watch is not None and watch.left():
+                    response = error_response(
+                        499, "the client went away before the answer", "client_disconnected"
+                    )
+                    return response
+                raise
+            finally:
+                if watch is not None:
+                    watch.stop()
+                # A stream counts itself when it ends; everything else ends here.
+                if not isinstance(response, StreamingResponse):
+                    ok = response is not None and response.status_code < 400
+                    stats.finished(ok, self.engine.clock.now())
         finally:
             # A relayed stream ends its record itself, when the stream ends.
-            if not isinstance(response, _RelayResponse):
+            if record is not None and trail is not None and not isinstance(response, _RelayResponse):
                 _ended(trail, record, response)
-
-    async def _handle(self, request: Request, endpoint: str, record: RequestRecord | None) -> Response:
-        headers = _header_map(request)
-        try:
-            raw = await _read_body(request, headers)
-        except BodyTooLarge:
-            return error_response(413, "request body exceeds 32 MiB", "request_too_large")
-        except ClientDisconnect:  # gone before its body arrived: nobody reads this
-            return error_response(499, "the client went away before its body arrived", "client_disconnected")
-        try:
-            body, exact = parse_body(raw)
-        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-            return error_response(
-                400, "request body is not valid JSON (NaN and Infinity are not JSON either)", "invalid_json"
-            )
-        if not isinstance(body, dict):
-            return error_response(400, "request body must be a JSON object", "invalid_request")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            return error_response(400, "`model` is required and must be a string", "missing_model")
-        if not untrusted.is_text(model):
-            # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
-            # messages may hold any JSON string: they are only passed on.)
-            return error_response(
-                400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
-            )
-        try:
-            # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
-            # cannot fail, so nothing an attempt does can fail to encode.
-            payload = RequestBody(raw, body, exact=exact)
-        except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
-            return error_response(400, "request body is nested too deeply", "invalid_json")
-        stream = endpoint != "embeddings" and body.get("stream") is True
-        if record is not None:
-            record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
-        # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
-        # while they are young, rather than keep them through the attempts and into the cyclic
-        # collector's older generations.
-        del body
-
-        pinned_raw = headers.get(b"x-omniroute-connection")
-        pinned = pinned_raw.decode("latin-1") if pinned_raw is not None else None
-        route = await self.router.resolve(model, pinned)
-        if route is None:
-            return error_response(
-                404,
-                f"model {untrusted.echo(model)!r} is not a configured provider/model, combo, or model any upstream lists",
-                "model_not_found",
-            )
-        if not route.targets:
-            return error_response(
-                404,
-                f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
-                "connection_not_found",
-            )
-        session_raw = next((headers[h] for h in _SESSION_KEYS if h in headers), None)
-        session = session_raw.decode("latin-1") if session_raw is not None else None
-        targets = route.targets
-        api = ENDPOINT_API[endpoint]
-        mute = self._mute[api]
-        skips: tuple[Skip, ...] = ()
-        if mute and any(t.provider in mute for t in targets):
-            skips = tuple(
-                Skip(str(t), None, f"does not speak {api}", None, False)
-                for t in targets
-                if t.provider in mute
-            )
-            targets = [t for t in targets if t.provider not in mute]
-            if not targets:
-                why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
-                return error_response(
-                    404,
-                    f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
-                    "model_not_found",
-                    skipped=[s.to_dict(0) for s in skips],
-                )
-        wire = None
-        if api in ("messages", "responses"):
-            client = {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
-            wire = Wire(api, client, self.owners if api == "responses" else None)
-        if record is not None:
-            record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
-
-        stats = self.engine.stats
-        stats.started()
-        response: Response | None = None
-        try:
-            response = await _while_connected(
-                request, self._route(endpoint, payload, targets, stream, session, skips, wire, record)
-            )
-            return response
-        finally:
-            # A stream counts itself when it ends; everything else ends here.
-            if not isinstance(response, StreamingResponse):
-                ok = response is not None and response.status_code < 400
-                stats.finished(ok, self.engine.clock.now())
 
     # ------------------------------------------------------------------ the attempt loop
 
@@ -409,6 +432,8 @@ class Pipeline:
         try:
             try:
                 upstream = await self._dispatch(scope, url, data, api_key, extra, credentials)
+                scope.upstream = upstream
+                engine.probe_alive(attempt)
             except QueueFull:
                 scope.finish(Outcome.local("request queue full"))
                 return _answer(
@@ -530,7 +555,7 @@ class Pipeline:
             return None
         return reply
 
-    async def _dispatch(
+    def _dispatch(
         self,
         scope: _AttemptScope,
         url: str,
@@ -538,18 +563,44 @@ class Pipeline:
         api_key: str | None,
         extra: Mapping[str, str],
         credentials: Mapping[str, str] | None = None,
-    ) -> UpstreamResponse:
-        """Take the attempt's local places in order, then send it and wait for the response headers.
+    ) -> Awaitable[UpstreamResponse]:
+        """Take the attempt's local places in order, then send it: the awaitable returned ends when
+        the response headers are in (the caller hands the response to the scope).
 
         The queue place comes first (QueueFull is answered at once, before any waiting), then the
         connection's concurrency slot (fail-open), then the dispatch: the execution deadline
         (requestQueue.maxWaitMs) runs from there to the response headers, so no local wait eats
-        into the time the upstream is given.
+        into the time the upstream is given. A connection with neither a request queue nor a
+        concurrency limit has nothing to wait for: its request is sent without a coroutine between.
         """
         engine = self.engine
         attempt = scope.attempt
-        record, trail = scope.record, scope.trail
         limiter = engine.limiter_for(attempt.connection, attempt.provider)
+        if limiter is not None or attempt.connection.semaphore is not None:
+            return self._dispatch_queued(scope, limiter, url, data, api_key, extra, credentials)
+        engine.probe_waiting(attempt)
+        record, trail = scope.record, scope.trail
+        if record is not None and trail is not None:
+            trail.state(record, "upstream")
+        engine.probe_alive(attempt)
+        return self.upstream.send(
+            "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
+        )
+
+    async def _dispatch_queued(
+        self,
+        scope: _AttemptScope,
+        limiter: RequestLimiter | None,
+        url: str,
+        data: bytes,
+        api_key: str | None,
+        extra: Mapping[str, str],
+        credentials: Mapping[str, str] | None,
+    ) -> UpstreamResponse:
+        """`_dispatch` through the connection's request queue and/or concurrency slots."""
+        engine = self.engine
+        attempt = scope.attempt
+        record, trail = scope.record, scope.trail
         ticket = limiter.admit() if limiter is not None else None
         scope.ticket = ticket
         engine.probe_waiting(attempt)
@@ -576,12 +627,8 @@ class Pipeline:
             "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
         )
         if limiter is not None and dispatch is not None:
-            upstream = await limiter.within_deadline(dispatch, send)
-        else:
-            upstream = await send
-        scope.upstream = upstream
-        engine.probe_alive(attempt)
-        return upstream
+            return await limiter.within_deadline(dispatch, send)
+        return await send
 
     # ------------------------------------------------------------------ streams
 
@@ -1199,34 +1246,50 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
     scope then records a disconnect, which counts against no layer, and gives its places back.
     A stream, once its response is returned, is watched by the response itself.
 
-    The attempts run in this task; the watch (`_watch`) cancels it when the client leaves.
+    The attempts run in this task; the watch (`_ClientWatch`) cancels it when the client leaves.
     Cancelled, the attempts' scopes run their finally blocks before the cancellation reaches
-    here: slots and probe are back before the answer.
+    here: slots and probe are back before the answer. (`Pipeline.handle` does the same inline.)
     """
-    handler = asyncio.current_task()
-    assert handler is not None  # an ASGI app runs in a task
-    gone = False
-    answered = False
-
-    def leave() -> None:
-        nonlocal gone
-        # `answered`: the watch may end in the same turn of the loop as the attempts; the answer
-        # that is on its way then must not be cancelled.
-        if not answered:
-            gone = True
-            handler.cancel()
-
-    stop = _watch(request.receive, handler.get_loop(), leave)
+    watch = _ClientWatch(request.receive)
     try:
         return await work
     except asyncio.CancelledError:
-        # Ours (the client left), unless this handler was cancelled too (shutdown): then it goes on.
-        if gone and handler.uncancel() == 0:
+        if watch.left():
             return error_response(499, "the client went away before the answer", "client_disconnected")
         raise
     finally:
-        answered = True
-        stop()
+        watch.stop()
+
+
+class _ClientWatch:
+    """The watch on one request's client (`_watch`), started in the task that runs its attempts:
+    the task is cancelled when the client leaves, unless `stop` came first (the answer is on its
+    way: the watch may end in the same turn of the loop as the attempts)."""
+
+    __slots__ = ("_answered", "_gone", "_handler", "_stop")
+
+    def __init__(self, receive: Receive) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None  # an ASGI app runs in a task
+        self._handler = handler
+        self._gone = False
+        self._answered = False
+        self._stop: Callable[[], None] | None = _watch(receive, handler.get_loop(), self._leave)
+
+    def _leave(self) -> None:
+        if not self._answered:
+            self._gone = True
+            self._handler.cancel()
+
+    def left(self) -> bool:
+        """Asked of a CancelledError: is it ours (the client left) and not also a shutdown's?"""
+        return self._gone and self._handler.uncancel() == 0
+
+    def stop(self) -> None:
+        self._answered = True
+        stop, self._stop = self._stop, None  # it refers back to this watch: no cycle is left behind
+        if stop is not None:
+            stop()
 
 
 _CYCLES: dict[type, bool] = {}
