@@ -78,6 +78,7 @@ WAIT_SLACK_MS = 50.0
 _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
+_MEDIA_CACHED = 64
 GATE_LIMIT_BYTES = 256 * 1024
 """How much of a Messages or Responses stream's preamble is held back while waiting for its first
 content (an error event before content still falls back); past it the stream is committed."""
@@ -182,6 +183,11 @@ class Pipeline:
             for api in set(ENDPOINT_API.values())
         }
         """API -> the providers that do not speak it (mostly empty: checked only when not)."""
+        self._usual_headers: dict[str, tuple[dict[str, str], list[tuple[bytes, bytes]] | None]] = {}
+        """Connection id -> its routing headers without fallbacks (`_route_headers`)."""
+        self._media: dict[str, tuple[bool, str]] = {}
+        """An upstream's Content-Type -> (whether it claims JSON, as relayed, scrubbed): at most
+        _MEDIA_CACHED types, so that an upstream cannot grow it."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -269,8 +275,12 @@ class Pipeline:
                     "connection_not_found",
                 )
                 return response
-            session_raw = next((headers[h] for h in _SESSION_KEYS if h in headers), None)
-            session = session_raw.decode("latin-1") if session_raw is not None else None
+            session = None
+            for key in _SESSION_KEYS:
+                session_raw = headers.get(key)
+                if session_raw is not None:
+                    session = session_raw.decode("latin-1")
+                    break
             targets = route.targets
             api = ENDPOINT_API[endpoint]
             mute = self._mute[api]
@@ -417,7 +427,7 @@ class Pipeline:
         conn = attempt.connection
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
-        headers = self._route_headers(attempt, progress, targets)
+        headers, raw_headers = self._route_headers(attempt, progress, targets)
         data = payload.for_model(attempt.target.model)
         provider_config = self.config.providers[provider.spec.id]
         url = f"{provider_config.base_url}/{endpoint}"
@@ -474,7 +484,8 @@ class Pipeline:
                     headers,
                 )
 
-            if stream and upstream.content_type.startswith("text/event-stream"):
+            content_type = upstream.content_type
+            if stream and content_type.startswith("text/event-stream"):
                 if wire is not None:
                     return await self._start_gated(scope, upstream, headers, progress, wire)
                 return await self._start_stream(scope, upstream, headers, progress)
@@ -484,7 +495,13 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
-            claims_json = _claims_json(upstream.content_type)
+            media = self._media.get(content_type)
+            if media is None:
+                # (whether it claims JSON, the type as relayed): the same few types every time
+                media = (_claims_json(content_type), scrub(content_type))
+                if len(self._media) < _MEDIA_CACHED:
+                    self._media[content_type] = media
+            claims_json, media_type = media
             parsed = _parsed(content) if claims_json else _NOT_JSON
             garbled = claims_json and parsed is _NOT_JSON
             if garbled:
@@ -500,7 +517,7 @@ class Pipeline:
                 wire.seen(conn.spec.id, _json_object(content))
             if progress.record is not None:
                 progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
-            return _relayed(scrub.secrets(content), upstream.status, scrub(upstream.content_type), headers)
+            return _relayed(scrub.secrets(content), upstream.status, media_type, headers, raw_headers)
         finally:
             # Every path above either recorded an outcome or handed the scope to a relay; anything
             # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
@@ -866,21 +883,32 @@ class Pipeline:
             upstreamError=failure.to_api(),
         )
 
-    def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
+    def _route_headers(
+        self, attempt: Attempt, progress: _Progress, targets: list[Target]
+    ) -> tuple[dict[str, str], list[tuple[bytes, bytes]] | None]:
+        """The attempt's routing headers, and (when they are the connection's usual ones, without
+        fallbacks) the same encoded for an answer's header list. The usual ones are built once per
+        connection: nothing changes a route headers dict (answers copy it, or read it)."""
+        target = attempt.target
         skipped_before = 0
         for t in targets:
-            if t == attempt.target:
+            if t is target or t == target:
                 break
             if str(t) not in progress.attempted_targets:
                 skipped_before += 1
-        headers = {
-            "x-omniroute-selected-connection-id": attempt.connection.spec.id,
-            "x-omniroute-provider": attempt.provider.spec.id,
-        }
+        conn_id, provider_id = attempt.connection.spec.id, attempt.provider.spec.id
         fallbacks = progress.failed_attempts + skipped_before
+        if not fallbacks:
+            usual = self._usual_headers.get(conn_id)
+            if usual is not None and usual[0]["x-omniroute-provider"] == provider_id:
+                return usual
+        headers = {"x-omniroute-selected-connection-id": conn_id, "x-omniroute-provider": provider_id}
         if fallbacks:
             headers["x-omniroute-fallback-attempts"] = str(fallbacks)
-        return headers
+            return headers, None
+        usual = headers, [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self._usual_headers[conn_id] = usual  # one per configured connection
+        return usual
 
     def _unavailable(self, decision: NoTarget, progress: _Progress, targets: list[Target]) -> Response:
         now = self.engine.clock.now()
@@ -955,14 +983,25 @@ class _Relayed(Response):
         await send({"type": "http.response.body", "body": self.body})
 
 
-def _relayed(body: bytes, status: int, media_type: str, headers: dict[str, str]) -> Response:
-    """The answer of a successful non-streaming attempt, with the route's `headers`."""
+def _relayed(
+    body: bytes,
+    status: int,
+    media_type: str,
+    headers: dict[str, str],
+    encoded: list[tuple[bytes, bytes]] | None = None,
+) -> Response:
+    """The answer of a successful non-streaming attempt, with the route's `headers` (`encoded`: the
+    same as a header list, when the caller has it)."""
     if media_type.startswith("text/") or status < 200 or status in (204, 304):
         # Starlette's own rules (a charset for text, no length without a body): its Response.
         return Response(body, status_code=status, media_type=media_type, headers=headers)
-    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-    raw.append((b"content-length", str(len(body)).encode()))
-    raw.append((b"content-type", media_type.encode("latin-1")))
+    if encoded is None:
+        encoded = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    raw = [
+        *encoded,
+        (b"content-length", str(len(body)).encode()),
+        (b"content-type", media_type.encode("latin-1")),
+    ]
     return _Relayed(body, status, media_type, raw)
 
 

@@ -13,11 +13,13 @@ import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import aiohttp
 
 from proxy.resilience.outcome import Outcome
 
+_PLAIN_HEADERS_CACHED = 64
 MAX_ERROR_BODY = 1024 * 1024
 """An upstream's error body is relayed whole up to this size; a gateway that answers an error
 with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
@@ -157,6 +159,8 @@ class UpstreamClient:
         self.timeouts = timeouts or Timeouts()
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
+        self._plain_headers: dict[str | None, Mapping[str, str]] = {}
+        """API key -> the request headers of a provider without headers or credentials of its own."""
 
     async def start(self) -> None:
         if self._session is None:
@@ -194,13 +198,21 @@ class UpstreamClient:
         if self._session is None:
             await self.start()
         assert self._session is not None
-        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
-        if extra_headers:
-            headers.update(extra_headers)
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        if credentials:
-            headers.update(credentials)
+        headers: Mapping[str, str] | None = None
+        if not extra_headers and not credentials:
+            # The same few header sets every time (one per key): built once, read-only.
+            headers = self._plain_headers.get(api_key)
+        if headers is None:
+            built = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+            if extra_headers:
+                built.update(extra_headers)
+            if api_key:
+                built["authorization"] = f"Bearer {api_key}"
+            if credentials:
+                built.update(credentials)
+            headers = built
+            if not extra_headers and not credentials and len(self._plain_headers) < _PLAIN_HEADERS_CACHED:
+                headers = self._plain_headers[api_key] = MappingProxyType(built)
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
         # The first-byte deadline as a bare timer that cancels this task, rather than an
         # `asyncio.timeout` context (an object, a reschedule and an exit check per request, in

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from proxy.engine.decisions import Attempt, Recorded
 from proxy.engine.layers import EnginePart, Layers
-from proxy.resilience.classify import BreakerEffect, ConnectionEffect, LockoutEffect, Verdict, classify
+from proxy.resilience.classify import (
+    SUCCESS,
+    BreakerEffect,
+    ConnectionEffect,
+    LockoutEffect,
+    Verdict,
+    classify,
+)
 from proxy.resilience.hints import parse_retry_hint
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.restate import restate
@@ -46,8 +53,16 @@ class Outcomes(EnginePart):
                 client_retry = restated.retry_after_ms
                 outcome = Outcome(outcome.kind, restated.status, outcome.headers, outcome.body, outcome.error)
 
-        lockout_settings = self.settings.lockout()
-        verdict = classify(outcome, per_model_quota=provider.spec.per_model_quota, lockout=lockout_settings)
+        status = outcome.status
+        if outcome.kind is OutcomeKind.STATUS and status is not None and 200 <= status < 300:
+            # What classify says of every 2xx, whatever the settings: not worth reading them.
+            lockout_settings = None
+            verdict = SUCCESS
+        else:
+            lockout_settings = self.settings.lockout()
+            verdict = classify(
+                outcome, per_model_quota=provider.spec.per_model_quota, lockout=lockout_settings
+            )
 
         breaker = provider.breaker
         shared = self._layers.shared
@@ -101,6 +116,7 @@ class Outcomes(EnginePart):
             if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
                 self._layers.lockout_op((pid, cid, model), lambda t: t.record_success(pid, cid, model, now))
         elif verdict.lockout is LockoutEffect.LOCK:
+            lock_settings = lockout_settings or self.settings.lockout()
             hint = (
                 parse_retry_hint(outcome.headers, outcome.body, now)
                 if outcome.headers or outcome.body
@@ -119,7 +135,7 @@ class Outcomes(EnginePart):
                     cid,
                     model,
                     now,
-                    lockout_settings,
+                    lock_settings,
                     status=lock_status,
                     reason=lock_reason,
                     hint_ms=lock_hint,

@@ -158,14 +158,17 @@ class Routing(EnginePart):
     def limiter_for(self, conn: ConnectionRuntime, provider: ProviderRuntime) -> RequestLimiter | None:
         """The request-queue limiter of a connection, if the limiter applies to it
         (docs/resilience.md#request-queue)."""
-        queue = self.settings.queue()
         enabled = provider.spec.rate_limit
         if enabled is None:
-            enabled = queue.auto_enable_api_key_providers and provider.spec.provider_class == "apikey"
+            # The class first: a provider of another class needs no look at the settings.
+            enabled = (
+                provider.spec.provider_class == "apikey"
+                and self.settings.queue().auto_enable_api_key_providers
+            )
         if not enabled:
             return None
         if conn.limiter is None:
-            conn.limiter = RequestLimiter(queue, self.clock)
+            conn.limiter = RequestLimiter(self.settings.queue(), self.clock)
         return conn.limiter
 
     def still_eligible(self, attempt: Attempt) -> bool:
