@@ -68,10 +68,15 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = os.urandom(8).hex()
+        request_id = _request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         added = [(b"x-request-id", request_id.encode())]
-        headers = _headers(scope)
+        raw = scope.get("headers", [])
+        # By lower-case name, the first of repeated ones (as a browser sends one): built in C,
+        # reversed so that the first of a repeated name is the one that stays. The pipeline reads
+        # the same dict (HEADERS_KEY) instead of building it again.
+        headers: dict[bytes, bytes] = dict(reversed(raw if isinstance(raw, list) else list(raw)))
+        scope[HEADERS_KEY] = headers
         origin = headers.get(b"origin")
         if origin is not None and self._origin_allowed(origin):
             added += [
@@ -90,25 +95,28 @@ class Guard:
                 message["headers"] = [*message.get("headers", []), *added]
             return send(message)
 
-        # The path's kind, read once for every rule below.
         path: str = scope.get("path", "")
-        managed = _managed(path)
-        needed = (
-            self.management_token is not None if managed else path.startswith("/v1/") and bool(self.api_keys)
-        )
-        denial = self._door(headers, needed)
-        preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
-        if denial is None and origin is not None and preflight:
-            await _preflight(send_with_id)  # it carries no credential: answered before they are asked
-            return
-        if denial is None:
-            denial = self._access(scope, headers, managed, needed)
-        if denial is not None:
-            status, body = denial
-            if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
-                body = anthropic_error_body(status, json.loads(body)["error"]["message"])
-            await _answer(send_with_id, status, body)
-            return
+        if not (origin is None and path.startswith("/v1/") and self._api_admitted(scope, headers)):
+            # Anything but an API request that plainly passes every rule: the rules one by one.
+            managed = _managed(path)
+            needed = (
+                self.management_token is not None
+                if managed
+                else path.startswith("/v1/") and bool(self.api_keys)
+            )
+            denial = self._door(headers, needed)
+            preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
+            if denial is None and origin is not None and preflight:
+                await _preflight(send_with_id)  # it carries no credential: answered before they are asked
+                return
+            if denial is None:
+                denial = self._access(scope, headers, managed, needed)
+            if denial is not None:
+                status, body = denial
+                if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
+                    body = anthropic_error_body(status, json.loads(body)["error"]["message"])
+                await _answer(send_with_id, status, body)
+                return
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
@@ -117,6 +125,22 @@ class Guard:
                 await _answer(
                     send_with_id, 500, error_body(500, "internal error; see the server log", "internal_error")
                 )
+
+    def _api_admitted(self, scope: Scope, headers: dict[bytes, bytes]) -> bool:
+        """Does a `/v1/` request without an Origin plainly pass every rule? True only when the rules
+        one by one (`_door`, `_access`) would let it through; False sends it to them, which decide."""
+        if self.api_keys:  # the credential rule, instead of the Host rule
+            if not (_bearer_matches(headers, self.api_keys) or _x_api_key_matches(headers, self.api_keys)):
+                return False
+        else:
+            host = headers.get(b"host")
+            if host is not None and self._hosts.get(host) is not True:
+                return False  # not known to be allowed (yet): _door reads it
+        return (
+            scope.get("method") not in _UNSAFE_METHODS
+            or headers.get(b"content-type") == b"application/json"
+            or _json_or_empty(headers)
+        )
 
     def _door(self, headers: dict[bytes, bytes], credential_needed: bool) -> tuple[int, bytes] | None:
         """Steps 1 and 2: the Host and Origin rules (`credential_needed`: a credential authenticates
@@ -181,6 +205,33 @@ class Guard:
             return False
         origin = normal_origin(header.decode("latin-1"))
         return origin is not None and origin in self.allowed_origins
+
+
+HEADERS_KEY: Final = "omniroute.headers"
+"""Where the Guard leaves the request's headers by name (`dict[bytes, bytes]`) in the ASGI scope."""
+
+_ID_POOL_BYTES: Final = 8 * 512
+_ids = b""
+_ids_at = 0
+
+
+def _request_id() -> str:
+    """16 hex digits from the system's random source, read 512 ids at a time (one read per
+    request was a system call per request)."""
+    global _ids, _ids_at
+    at = _ids_at
+    if at >= len(_ids):
+        _ids, at = os.urandom(_ID_POOL_BYTES), 0
+    _ids_at = at + 8
+    return _ids[at : at + 8].hex()
+
+
+def _forget_ids() -> None:
+    global _ids, _ids_at
+    _ids, _ids_at = b"", 0
+
+
+os.register_at_fork(after_in_child=_forget_ids)  # a forked child must not repeat its parent's ids
 
 
 def _managed(path: str) -> bool:

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -51,6 +51,7 @@ from proxy.body import RequestBody
 from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
+from proxy.guard import HEADERS_KEY
 from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.limiter import RequestLimiter, Ticket
@@ -1301,11 +1302,23 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
 
 
 class _ClientWatch:
-    """The watch on one request's client (`_watch`), started in the task that runs its attempts:
-    the task is cancelled when the client leaves, unless `stop` came first (the answer is on its
-    way: the watch may end in the same turn of the loop as the attempts)."""
+    """The watch on one request's client, started in the task that runs its attempts once its body
+    has been read: the task is cancelled when the client leaves, unless `stop` came first (the
+    answer is on its way: the watch may end in the same turn of the loop as the attempts).
 
-    __slots__ = ("_answered", "_gone", "_handler", "_stop")
+    The client has left when the next message the server has for us is `http.disconnect` (at the
+    latest when the response is complete). Any other message (nothing should come after the body)
+    ends the watch: the request then runs as if the client stayed.
+
+    Under uvicorn the watch waits on the server's own signal (`_cycle_of`): a future among the
+    cycle's `message_event` waiters (what `Event.wait` puts there) with this watch's callback,
+    which is what `receive()` waits for, without a task per request running the coroutine (its
+    creation, two steps and a cancellation thrown through two frames: about 4 % of a small
+    request's instructions). Under any other server it is `receive()` itself, run as a task
+    (`_watch_task`).
+    """
+
+    __slots__ = ("_answered", "_cycle", "_gone", "_handler", "_stop", "_waiter")
 
     def __init__(self, receive: Receive) -> None:
         handler = asyncio.current_task()
@@ -1313,7 +1326,33 @@ class _ClientWatch:
         self._handler = handler
         self._gone = False
         self._answered = False
-        self._stop: Callable[[], None] | None = _watch(receive, handler.get_loop(), self._leave)
+        self._stop: Callable[[], None] | None = None
+        self._waiter: asyncio.Future[bool] | None = None
+        cycle = self._cycle = _cycle_of(receive)
+        if cycle is None:
+            self._stop = _watch_task(receive, handler.get_loop(), self._leave)
+            return
+        # As receive() does before it waits: a transport whose reading was paused (a body past
+        # uvicorn's high-water mark) would not see the client go.
+        flow = cycle.flow
+        if flow.read_paused:
+            flow.resume_reading()
+        waiter: asyncio.Future[bool] = handler.get_loop().create_future()
+        cycle.message_event._waiters.append(waiter)
+        waiter.add_done_callback(self._woken)
+        self._waiter = waiter
+
+    def _woken(self, waiter: asyncio.Future[bool]) -> None:
+        """The cycle's event was set: what receive() does when it wakes."""
+        cycle = self._cycle
+        if self._waiter is None or cycle is None:  # stopped while this callback was on its way
+            return
+        self._waiter = None
+        event = cycle.message_event
+        event._waiters.remove(waiter)  # what Event.wait does when woken
+        event.clear()
+        if cycle.disconnected or cycle.response_complete:
+            self._leave()
 
     def _leave(self) -> None:
         if not self._answered:
@@ -1326,6 +1365,14 @@ class _ClientWatch:
 
     def stop(self) -> None:
         self._answered = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and self._cycle is not None:
+            self._cycle.message_event._waiters.remove(waiter)
+            # The waiter never completes: its callback (which refers to this watch) must go, or
+            # the two would hold each other, the cycle and the request's task until the cyclic
+            # collector runs.
+            waiter.remove_done_callback(self._woken)
+        self._cycle = None
         stop, self._stop = self._stop, None  # it refers back to this watch: no cycle is left behind
         if stop is not None:
             stop()
@@ -1335,21 +1382,11 @@ _CYCLES: dict[type, bool] = {}
 """Type of a `receive` method's owner -> whether it is uvicorn's request cycle (`_cycle_of`)."""
 
 
-def _watch(
+def _watch_task(
     receive: Receive, loop: asyncio.AbstractEventLoop, leave: Callable[[], None]
 ) -> Callable[[], None]:
-    """Call `leave` when the client disconnects; the function returned stops the watch.
-
-    Called once the body has been read, when the next message the server has for us is
-    `http.disconnect` (at the latest when the response is complete). Any other message (nothing
-    should come after the body) ends the watch: the request then runs as if the client stayed.
-
-    Under uvicorn the watch waits on the server's own signal without a task of its own
-    (`_watch_cycle`); under any other server it is `receive()` itself, run as a task.
-    """
-    cycle = _cycle_of(receive)
-    if cycle is not None:
-        return _watch_cycle(cycle, loop, leave)
+    """Under a server other than uvicorn: call `leave` when `receive()` answers `http.disconnect`;
+    the function returned stops the watch."""
     received = receive()
     # Straight to the loop: `ensure_future` checks its argument's kind in Python first.
     watch: asyncio.Future[Message] = (
@@ -1373,12 +1410,12 @@ def _watch(
 
 
 def _cycle_of(receive: Receive) -> Any | None:
-    """uvicorn's request cycle behind `receive`, when it can be watched as `_watch_cycle` does:
+    """uvicorn's request cycle behind `receive`, when it can be watched as `_ClientWatch` does:
     nothing has arrived since the body (its event is clear) and the client is still there.
 
     uvicorn's `receive()` (httptools and h11 alike) resumes reading, waits for the cycle's
     `message_event`, clears it, and answers `http.disconnect` when the cycle is `disconnected`
-    or its response complete: `_watch_cycle` does the same with a future on that event. Should
+    or its response complete: `_ClientWatch` does the same with a future on that event. Should
     a uvicorn release change those names, this finds no cycle and the task watches instead.
     """
     cycle = getattr(receive, "__self__", None)
@@ -1397,56 +1434,23 @@ def _cycle_of(receive: Receive) -> Any | None:
             and isinstance(cycle.message_event, asyncio.Event)
             and isinstance(getattr(cycle.message_event, "_waiters", None), collections.deque)
             and callable(getattr(cycle.flow, "resume_reading", None))
+            and isinstance(getattr(cycle.flow, "read_paused", None), bool)
         )
     if not known or cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete:
         return None
     return cycle
 
 
-def _watch_cycle(
-    cycle: Any, loop: asyncio.AbstractEventLoop, leave: Callable[[], None]
-) -> Callable[[], None]:
-    """`receive()`'s wait for a uvicorn cycle's next message, as a future among its event's waiters
-    (what `Event.wait` puts there) with a callback, instead of a task per request running the
-    coroutine (its creation, two steps and a cancellation thrown through two frames: about 4 % of
-    a small request's instructions)."""
-    # As receive() does before it waits: a transport whose reading was paused (a body past
-    # uvicorn's high-water mark) would not see the client go.
-    cycle.flow.resume_reading()
-    event: asyncio.Event = cycle.message_event
-    waiters: collections.deque[asyncio.Future[bool]] = event._waiters
-    waiter: asyncio.Future[bool] = loop.create_future()
-    waiters.append(waiter)
-    done = False  # the waiter is out of the event's waiters (woken, or the watch stopped)
-
-    def woken(_: asyncio.Future[bool]) -> None:
-        nonlocal done
-        if done:  # stopped while this callback was on its way
-            return
-        done = True
-        waiters.remove(waiter)  # what Event.wait does when woken
-        event.clear()
-        if cycle.disconnected or cycle.response_complete:
-            leave()
-
-    def stop() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            waiters.remove(waiter)
-        # The waiter never completes: its callback (which refers to it) must go, or the two would
-        # hold each other, the cycle and the request's task until the cyclic collector runs.
-        waiter.remove_done_callback(woken)
-
-    waiter.add_done_callback(woken)
-    return stop
-
-
 def _header_map(request: Request) -> dict[bytes, bytes]:
     """The request's headers by (lower-case) name, the first of repeated ones, as Starlette's
     `request.headers.get` reads them: one dict built in C, where each `request.headers` lookup
-    scans the list in Python (and a miss raises and catches a KeyError)."""
-    raw = request.scope["headers"]
+    scans the list in Python (and a miss raises and catches a KeyError). The Guard in front has
+    built it already (HEADERS_KEY); nothing changes it."""
+    scope = request.scope
+    found = scope.get(HEADERS_KEY)
+    if found is not None:
+        return cast(dict[bytes, bytes], found)
+    raw = scope["headers"]
     return dict(reversed(raw if isinstance(raw, list) else list(raw)))
 
 
