@@ -159,6 +159,8 @@ class UpstreamClient:
         self.timeouts = timeouts or Timeouts()
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
+        self._deadlines: _Deadlines | None = None
+        """The first-byte deadlines of the requests in flight (on the loop they are sent from)."""
         self._plain_headers: dict[str | None, Mapping[str, str]] = {}
         """API key -> the request headers of a provider without headers or credentials of its own."""
 
@@ -214,27 +216,24 @@ class UpstreamClient:
             if not extra_headers and not credentials and len(self._plain_headers) < _PLAIN_HEADERS_CACHED:
                 headers = self._plain_headers[api_key] = MappingProxyType(built)
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
-        # The first-byte deadline as a bare timer that cancels this task, rather than an
-        # `asyncio.timeout` context (an object, a reschedule and an exit check per request, in
-        # Python). The same rules: a cancellation is ours only when our timer fired and nobody
-        # else cancelled the task too (`uncancel`, as `asyncio.timeout` decides), and the timer
-        # cannot fire after the `finally`.
-        task = asyncio.current_task()
+        # The first-byte deadline cancels this task when it passes, as an `asyncio.timeout` context
+        # would (without its object, reschedule and exit check per request, in Python), and
+        # behind one loop timer for every request in flight (`_Deadlines`) rather than a timer of
+        # its own (a libuv timer started, stopped and closed per request). The same rules: a
+        # cancellation is ours only when our deadline passed and nobody else cancelled the task
+        # too (`uncancel`, as `asyncio.timeout` decides), and it cannot pass after the `finally`.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None  # a request is sent from a task
-        loop = task.get_loop()
         cancelling = task.cancelling()
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = loop.call_at(loop.time() + limit, expire)
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = _Deadlines(loop)
+        deadlines.add(task, loop.time() + limit)
         try:
             response = await self._session.request(method, url, data=body, headers=headers)
         except asyncio.CancelledError as exc:
-            if expired and task.uncancel() <= cancelling:
+            if deadlines.passed(task) and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
             raise
         except TimeoutError as exc:  # aiohttp's own (sock_connect, sock_read): the same words as ours
@@ -242,9 +241,59 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
         finally:
-            timer.cancel()
+            deadlines.discard(task)
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000)
+
+
+class _Deadlines:
+    """Tasks to cancel when their deadline (loop time) passes, behind one loop timer.
+
+    The timer is set for the earliest deadline; when it fires, every task whose deadline has
+    passed is cancelled (and noted: `passed`), and the timer is set again for the earliest one
+    left. A task that is done with its deadline (`discard`) is only taken out of the table: with
+    every request given the same limit, the timer fires about once a limit, not once a request.
+    """
+
+    __slots__ = ("_at", "_passed", "_pending", "_timer", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: dict[asyncio.Task[object], float] = {}
+        self._passed: set[asyncio.Task[object]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0
+
+    def add(self, task: asyncio.Task[object], deadline: float) -> None:
+        self._pending[task] = deadline
+        if self._timer is None or deadline < self._at:
+            self._arm(deadline)
+
+    def passed(self, task: asyncio.Task[object]) -> bool:
+        """Did the task's deadline pass (and cancel it)?"""
+        return task in self._passed
+
+    def discard(self, task: asyncio.Task[object]) -> None:
+        """The task is done with its deadline: it cannot pass any more."""
+        if self._pending.pop(task, None) is None:
+            self._passed.discard(task)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = when
+        self._timer = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        due = [task for task, deadline in self._pending.items() if deadline <= now]
+        for task in due:
+            del self._pending[task]
+            self._passed.add(task)
+            task.cancel()
+        if self._pending:
+            self._arm(min(self._pending.values()))
 
 
 def _network_outcome(exc: BaseException) -> Outcome:
