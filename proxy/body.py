@@ -99,9 +99,9 @@ def _split(raw: bytes, model: str) -> tuple[tuple[bytes | memoryview, ...], memo
     """(head, tail): the pieces of the body before and after where the model's value goes (views
     of `raw`, not copies), or None when that cannot be told."""
     whole = memoryview(raw)
-    first = _first_member(raw)
-    if first is not None and _string_is(raw, first[0], first[1], model):
-        value_start, value_end, rest_start, close = first
+    first = _first_member(raw, model)
+    if first is not None and (first[4] or _string_is(raw, first[0], first[1], model)):
+        value_start, value_end, rest_start, close, _ = first
         if rest_start == close:  # `{"model": ...}` and nothing else
             return (whole[:value_start],), whole[value_end:]
         # `{` + the other members + `, "model": ` ... `}`: the model last (see the module docstring).
@@ -146,27 +146,45 @@ def _escaped(raw: bytes, i: int) -> bool:
     return slashes % 2 == 1
 
 
-def _first_member(raw: bytes) -> tuple[int, int, int, int] | None:
+def _first_member(raw: bytes, model: str = "") -> tuple[int, int, int, int, bool] | None:
     """When the object's first member is `"model": "<string>"`: where its value starts and ends,
-    where the next member starts (after the comma) and where the closing brace is."""
+    where the next member starts (after the comma), where the closing brace is, and whether the
+    value is known to read `model` (when it is `model` as it is, without escapes)."""
     head = _FIRST_MEMBER.match(raw)
     if head is None:
         return None
     start = end = head.end() - 1
-    while True:  # the closing quote: the first unescaped one
-        end = raw.find(b'"', end + 1)
-        if end < 0:
-            return None
-        if not _escaped(raw, end):
-            break
-    end += 1
+    plain = _plain(model)
+    after_plain = start + 1 + len(plain) if plain is not None else 0
+    if plain is not None and raw.startswith(plain, start + 1) and raw[after_plain : after_plain + 1] == b'"':
+        # The model's own characters, then a quote: none of them is a backslash, so that quote is
+        # the closing one, and a string without escapes reads what it holds.
+        end = start + 2 + len(plain)
+        known = True
+    else:
+        while True:  # the closing quote: the first unescaped one
+            end = raw.find(b'"', end + 1)
+            if end < 0:
+                return None
+            if not _escaped(raw, end):
+                break
+        end += 1
+        known = False
     close = _skip_back(raw, len(raw)) - 1
     after = _AFTER_MEMBER.match(raw, end)
     if after is None:
         return None
     if after.group(1) is None:  # no comma: the only member
-        return (start, end, close, close) if after.end() == close else None
-    return start, end, after.end(), close
+        return (start, end, close, close, known) if after.end() == close else None
+    return start, end, after.end(), close, known
+
+
+def _plain(model: str) -> bytes | None:
+    """`model` as a JSON string holds it without escapes (printable ASCII, no quote or backslash),
+    or None when it may need some."""
+    if model and model.isascii() and model.isprintable() and '"' not in model and "\\" not in model:
+        return model.encode()
+    return None
 
 
 def _last_member_value(raw: bytes) -> tuple[int, int] | None:

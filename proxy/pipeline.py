@@ -204,7 +204,9 @@ class Pipeline:
         # One coroutine from the request to its attempts (no wrapper for the trail's record, nor for
         # the client watch): every coroutine in the chain is resumed again at every await below it.
         trail = self.trail
-        record = None if trail is None else trail.begin(_request_id(request), _client(request), endpoint)
+        record = None
+        if trail is not None:
+            record = trail.begin(_request_id(request), _client(request), endpoint)
         response: Response | None = None
         try:
             headers = _header_map(request)
@@ -234,7 +236,7 @@ class Pipeline:
             if not isinstance(model, str) or not model:
                 response = error_response(400, "`model` is required and must be a string", "missing_model")
                 return response
-            if not untrusted.is_text(model):
+            if not model.isascii() and not untrusted.is_text(model):
                 # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
                 # messages may hold any JSON string: they are only passed on.)
                 response = error_response(
@@ -444,7 +446,8 @@ class Pipeline:
             try:
                 upstream = await self._dispatch(scope, url, data, api_key, extra, credentials)
                 scope.upstream = upstream
-                engine.probe_alive(attempt)
+                if attempt.probe:  # a sign of progress: only a probe's lease needs it
+                    engine.probe_alive(attempt)
             except QueueFull:
                 scope.finish(Outcome.local("request queue full"))
                 return _answer(
@@ -596,11 +599,13 @@ class Pipeline:
         limiter = engine.limiter_for(attempt.connection, attempt.provider)
         if limiter is not None or attempt.connection.semaphore is not None:
             return self._dispatch_queued(scope, limiter, url, data, api_key, extra, credentials)
-        engine.probe_waiting(attempt)
+        if attempt.probe:  # (both are about a probe's lease only)
+            engine.probe_waiting(attempt)
         record, trail = scope.record, scope.trail
         if record is not None and trail is not None:
             trail.state(record, "upstream")
-        engine.probe_alive(attempt)
+        if attempt.probe:
+            engine.probe_alive(attempt)
         return self.upstream.send(
             "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
         )
