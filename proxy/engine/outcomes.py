@@ -68,13 +68,16 @@ class Outcomes(EnginePart):
         shared = self._layers.shared
         if shared is not None and (verdict.breaker is not BreakerEffect.NONE or attempt.probe):
             shared.breaker(pid, verdict.breaker, now, probe=attempt.probe)
+        changed = True
         if verdict.breaker is BreakerEffect.SUCCESS:
-            breaker.record_success(now, probe=attempt.probe_ticket)
+            # Nothing to store when nothing changed (a closed breaker without failures): the state
+            # file would be written four times a second for every provider that has traffic.
+            changed = breaker.record_success(now, probe=attempt.probe_ticket)
         elif verdict.breaker is BreakerEffect.FAILURE:
             breaker.record_failure(now, probe=attempt.probe_ticket)
         elif attempt.probe:
             breaker.release_probe(now, attempt.probe_ticket)
-        if verdict.breaker is not BreakerEffect.NONE or attempt.probe:
+        if (verdict.breaker is not BreakerEffect.NONE and changed) or attempt.probe:
             self.dirty.breakers.add(pid)
 
         health = conn.health

@@ -195,21 +195,26 @@ class CircuitBreaker:
         """The ticket of the probe `admit()` just let in (0 when no probe holds the slot)."""
         return self._probe_owner if self._probe_until is not None else 0
 
-    def record_success(self, now: float, *, probe: int = 0) -> None:
-        """`probe`: the ticket of the request if it was admitted as the probe, else 0."""
+    def record_success(self, now: float, *, probe: int = 0) -> bool:
+        """`probe`: the ticket of the request if it was admitted as the probe, else 0. Returns
+        whether the breaker changed (a success on a closed breaker without failures does not)."""
         state = self._state
         if state is _CLOSED or state is _DEGRADED:
             if self.failure_count > 0:
                 self.failure_count -= 1
                 self._follow_count(now, "recovered")
-        elif self._owns_probe(probe):
+                return True
+            return False
+        if self._owns_probe(probe):
             self.failure_count = 0
             self.open_cycle_count = 0
             self.opened_at = None
             self._free_probe()
             self._transition(now, _CLOSED, "probe_succeeded")
+            return True
         # Otherwise a late answer of a request sent before the breaker opened, or of a probe that
         # lost its slot: it says nothing about the provider now, so it must not close the breaker.
+        return False
 
     def record_failure(self, now: float, *, probe: int = 0) -> None:
         state = self._state
