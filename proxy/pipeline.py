@@ -288,26 +288,16 @@ class Pipeline:
             api = ENDPOINT_API[endpoint]
             mute = self._mute[api]
             skips: tuple[Skip, ...] = ()
-            if mute and any(t.provider in mute for t in targets):
-                skips = tuple(
-                    Skip(str(t), None, f"does not speak {api}", None, False)
-                    for t in targets
-                    if t.provider in mute
-                )
-                targets = [t for t in targets if t.provider not in mute]
+            # (The rare cases in helpers: a comprehension here would make the variables it reads
+            # cells, allocated on every request.)
+            if mute and _any_muted(targets, mute):
+                skips, targets = _without_muted(targets, mute, api)
                 if not targets:
-                    why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
-                    response = error_response(
-                        404,
-                        f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
-                        "model_not_found",
-                        skipped=[s.to_dict(0) for s in skips],
-                    )
+                    response = _none_speaks(model, api, skips)
                     return response
             wire = None
             if api in ("messages", "responses"):
-                client = {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
-                wire = Wire(api, client, self.owners if api == "responses" else None)
+                wire = Wire(api, _client_headers(headers), self.owners if api == "responses" else None)
             if record is not None:
                 record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
 
@@ -1011,6 +1001,35 @@ def _relayed(
     return _Relayed(body, status, media_type, raw)
 
 
+def _any_muted(targets: list[Target], mute: frozenset[str]) -> bool:
+    return any(t.provider in mute for t in targets)
+
+
+def _without_muted(
+    targets: list[Target], mute: frozenset[str], api: str
+) -> tuple[tuple[Skip, ...], list[Target]]:
+    """The targets whose provider speaks `api`, and a skip for each of the others."""
+    skips = tuple(
+        Skip(str(t), None, f"does not speak {api}", None, False) for t in targets if t.provider in mute
+    )
+    return skips, [t for t in targets if t.provider not in mute]
+
+
+def _none_speaks(model: str, api: str, skips: tuple[Skip, ...]) -> ErrorResponse:
+    why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
+    return error_response(
+        404,
+        f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
+        "model_not_found",
+        skipped=[s.to_dict(0) for s in skips],
+    )
+
+
+def _client_headers(headers: Mapping[bytes, bytes]) -> dict[str, str]:
+    """The client's own headers of a passed-through API (`anthropic-version`...)."""
+    return {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
+
+
 def _answer(
     progress: _Progress,
     status: int,
@@ -1429,21 +1448,26 @@ def _cycle_of(receive: Receive) -> Any | None:
     kind = type(cycle)
     known = _CYCLES.get(kind)
     if known is None:
-        known = _CYCLES[kind] = (
-            kind.__name__ == "RequestResponseCycle"
-            and kind.__module__.startswith("uvicorn.protocols.http.")
-            and all(
-                hasattr(cycle, name)
-                for name in ("message_event", "disconnected", "response_complete", "flow")
-            )
-            and isinstance(cycle.message_event, asyncio.Event)
-            and isinstance(getattr(cycle.message_event, "_waiters", None), collections.deque)
-            and callable(getattr(cycle.flow, "resume_reading", None))
-            and isinstance(getattr(cycle.flow, "read_paused", None), bool)
-        )
+        known = _CYCLES[kind] = _watchable(cycle)
     if not known or cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete:
         return None
     return cycle
+
+
+def _watchable(cycle: Any) -> bool:
+    """Is `cycle` a uvicorn request cycle with everything `_ClientWatch` reads? (Asked once per type.)"""
+    kind = type(cycle)
+    return (
+        kind.__name__ == "RequestResponseCycle"
+        and kind.__module__.startswith("uvicorn.protocols.http.")
+        and all(
+            hasattr(cycle, name) for name in ("message_event", "disconnected", "response_complete", "flow")
+        )
+        and isinstance(cycle.message_event, asyncio.Event)
+        and isinstance(getattr(cycle.message_event, "_waiters", None), collections.deque)
+        and callable(getattr(cycle.flow, "resume_reading", None))
+        and isinstance(getattr(cycle.flow, "read_paused", None), bool)
+    )
 
 
 def _header_map(request: Request) -> dict[bytes, bytes]:

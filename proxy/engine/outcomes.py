@@ -19,6 +19,7 @@ from proxy.resilience.classify import (
     classify,
 )
 from proxy.resilience.hints import parse_retry_hint
+from proxy.resilience.lockout import LockoutSettings
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.restate import restate
 from proxy.scrub import Scrubber
@@ -80,71 +81,23 @@ class Outcomes(EnginePart):
         if (verdict.breaker is not BreakerEffect.NONE and changed) or attempt.probe:
             self.dirty.breakers.add(pid)
 
+        # The layers' changes go through helpers: a lambda here would make every variable it
+        # reads a cell, allocated on every call, the successes' too.
         health = conn.health
         effect = verdict.connection
         if effect is ConnectionEffect.CLEAR:
             if health.terminal is None and (
                 health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
             ):
-                self._layers.connection_op(cid, lambda h: h.record_success(now))
+                self._connection_recovered(cid, now)
         elif effect is not ConnectionEffect.NONE:
-            error = _describe(outcome, verdict)
-            if effect is ConnectionEffect.COOLDOWN:
-                policy = self.settings.cooldown_policy(provider.spec.provider_class)
-                hint = (
-                    parse_retry_hint(outcome.headers, outcome.body, now)
-                    if policy.use_upstream_retry_hints
-                    else None
-                )
-                reason, code, no_cooling = verdict.reason, outcome.status, conn.spec.disable_cooling
-                self._layers.connection_op(
-                    cid,
-                    lambda h: h.record_failure(
-                        now,
-                        policy,
-                        error=error,
-                        error_type=reason,
-                        code=code,
-                        hint_ms=hint,
-                        disable_cooling=no_cooling,
-                    ),
-                )
-            else:
-                status, code = effect.value, outcome.status
-                self._layers.connection_op(
-                    cid, lambda h: h.mark_terminal(now, status, error=error, code=code)
-                )
+            self._connection_failed(attempt, outcome, verdict, now)
 
         if verdict.lockout is LockoutEffect.DECAY:
             if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
-                self._layers.lockout_op((pid, cid, model), lambda t: t.record_success(pid, cid, model, now))
+                self._lockout_decayed(pid, cid, model, now)
         elif verdict.lockout is LockoutEffect.LOCK:
-            lock_settings = lockout_settings or self.settings.lockout()
-            hint = (
-                parse_retry_hint(outcome.headers, outcome.body, now)
-                if outcome.headers or outcome.body
-                else None
-            )
-            lock_status, lock_reason, lock_hint, started = (
-                outcome.status,
-                verdict.reason,
-                hint,
-                attempt.started_at,
-            )
-            self._layers.lockout_op(
-                (pid, cid, model),
-                lambda t: t.record_failure(
-                    pid,
-                    cid,
-                    model,
-                    now,
-                    lock_settings,
-                    status=lock_status,
-                    reason=lock_reason,
-                    hint_ms=lock_hint,
-                    started_at=started,
-                ),
-            )
+            self._lock(attempt, outcome, verdict, lockout_settings or self.settings.lockout(), now)
 
         if (
             verdict.breaker is BreakerEffect.FAILURE
@@ -159,6 +112,66 @@ class Outcomes(EnginePart):
                 self.pins.pin(session, cid, now, ttl)
 
         return Recorded(verdict, outcome.status, client_retry)
+
+    def _connection_recovered(self, cid: str, now: float) -> None:
+        self._layers.connection_op(cid, lambda h: h.record_success(now))
+
+    def _connection_failed(self, attempt: Attempt, outcome: Outcome, verdict: Verdict, now: float) -> None:
+        """A cooldown or a terminal state for the attempt's connection, as the verdict says."""
+        conn = attempt.connection
+        cid = conn.spec.id
+        effect = verdict.connection
+        error = _describe(outcome, verdict)
+        if effect is ConnectionEffect.COOLDOWN:
+            policy = self.settings.cooldown_policy(attempt.provider.spec.provider_class)
+            hint = (
+                parse_retry_hint(outcome.headers, outcome.body, now)
+                if policy.use_upstream_retry_hints
+                else None
+            )
+            reason, code, no_cooling = verdict.reason, outcome.status, conn.spec.disable_cooling
+            self._layers.connection_op(
+                cid,
+                lambda h: h.record_failure(
+                    now,
+                    policy,
+                    error=error,
+                    error_type=reason,
+                    code=code,
+                    hint_ms=hint,
+                    disable_cooling=no_cooling,
+                ),
+            )
+        else:
+            status, code = effect.value, outcome.status
+            self._layers.connection_op(cid, lambda h: h.mark_terminal(now, status, error=error, code=code))
+
+    def _lockout_decayed(self, pid: str, cid: str, model: str, now: float) -> None:
+        self._layers.lockout_op((pid, cid, model), lambda t: t.record_success(pid, cid, model, now))
+
+    def _lock(
+        self, attempt: Attempt, outcome: Outcome, verdict: Verdict, lock_settings: LockoutSettings, now: float
+    ) -> None:
+        """Lock the attempt's model on its connection, as the verdict says."""
+        pid, cid, model = attempt.provider.spec.id, attempt.connection.spec.id, attempt.target.model
+        hint = (
+            parse_retry_hint(outcome.headers, outcome.body, now) if outcome.headers or outcome.body else None
+        )
+        lock_status, lock_reason, started = outcome.status, verdict.reason, attempt.started_at
+        self._layers.lockout_op(
+            (pid, cid, model),
+            lambda t: t.record_failure(
+                pid,
+                cid,
+                model,
+                now,
+                lock_settings,
+                status=lock_status,
+                reason=lock_reason,
+                hint_ms=hint,
+                started_at=started,
+            ),
+        )
 
     def probe_waiting(self, attempt: Attempt) -> None:
         """The attempt is about to wait in our own queues. A probe's lease stops running meanwhile:
