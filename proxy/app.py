@@ -15,8 +15,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import passthrough, untrusted
-from proxy.guard import Guard
+from proxy.guard import STARTED_KEY, Guard, stamping
 from proxy.manage import management_routes
+from proxy.pipeline import WHOLE_ANSWERS
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
 
@@ -32,7 +33,9 @@ class ApiRoutes:
     response. Every other request (a management route, another method on these paths, an unknown
     path) goes on to the Starlette app, which answers it as before. Nothing is lost on the way: the Guard in
     front checks Host, Origin, credentials and Content-Type for both, and answers an unexpected
-    exception with the same JSON 500 that Starlette's handler gives.
+    exception with the same JSON 500 that Starlette's handler gives. For the requests it claims,
+    the Guard hands its headers (`X-Request-Id`, CORS) to `answer`, which puts them on the answer
+    itself (proxy.guard.DirectAnswers); a whole answer is sent without a coroutine of its own.
     """
 
     def __init__(self, routes: Mapping[str, Endpoint], app: ASGIApp) -> None:
@@ -40,16 +43,34 @@ class ApiRoutes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        if scope["type"] == "http" and self.claims(scope):
+            await self.answer(scope, receive, send, [])
+        else:
             await self.app(scope, receive, send)
-            return
+
+    def claims(self, scope: Scope) -> bool:
+        """Is this (http) request one of the API routes' own?"""
+        return scope["method"] == "POST" and scope["path"] in self.endpoints
+
+    async def answer(
+        self, scope: Scope, receive: Receive, send: Send, added: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Answer a request `claims` took, with `added` on the answer (the Guard's headers; see
+        proxy.guard.DirectAnswers)."""
         request = Request(scope, receive)
         try:
-            response = await endpoint(request)
+            response = await self.endpoints[scope["path"]](request)
         except ClientDisconnect as exc:
             response = await client_gone(request, exc)
-        await response(scope, receive, send)
+        if type(response) in WHOLE_ANSWERS and response.background is None:
+            # What Response.__call__ does (for an http scope), without a coroutine of its own, and
+            # with the Guard's headers put on as it would.
+            scope[STARTED_KEY] = True
+            headers = [*response.raw_headers, *added]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": response.body})
+            return
+        await response(scope, receive, stamping(send, added, scope))
 
 
 async def client_gone(request: Request, exc: Exception) -> Response:

@@ -30,8 +30,8 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Awaitable
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol, runtime_checkable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -60,6 +60,8 @@ class Guard:
         self.api_keys = [k.encode() for k in server.api_keys]
         self.allowed_hosts = frozenset(server.allowed_hosts)
         self.allowed_origins = frozenset(server.allowed_origins)
+        self._direct = app if isinstance(app, DirectAnswers) else None
+        """The app, when it answers the requests it claims with the Guard's headers itself."""
         self._hosts: dict[bytes, bool] = {}
         """Host header -> allowed: the same few values arrive with every request, and reading one
         takes an IP address parse. At most _HOSTS_CACHED entries: a client cannot grow it."""
@@ -84,17 +86,6 @@ class Guard:
                 (b"access-control-expose-headers", _CORS_EXPOSE_HEADERS),
                 (b"vary", b"Origin"),
             ]
-        started = False
-
-        # A plain function handing back `send`'s awaitable, not a coroutine of its own: no frame
-        # per message sent (a stream sends one per chunk).
-        def send_with_id(message: Message) -> Awaitable[None]:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                message["headers"] = [*message.get("headers", []), *added]
-            return send(message)
-
         path: str = scope.get("path", "")
         if not (origin is None and path.startswith("/v1/") and self._api_admitted(scope, headers)):
             # Anything but an API request that plainly passes every rule: the rules one by one.
@@ -107,7 +98,8 @@ class Guard:
             denial = self._door(headers, needed)
             preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
             if denial is None and origin is not None and preflight:
-                await _preflight(send_with_id)  # it carries no credential: answered before they are asked
+                # It carries no credential: answered before they are asked.
+                await _preflight(stamping(send, added, scope))
                 return
             if denial is None:
                 denial = self._access(scope, headers, managed, needed)
@@ -115,15 +107,21 @@ class Guard:
                 status, body = denial
                 if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
                     body = anthropic_error_body(status, json.loads(body)["error"]["message"])
-                await _answer(send_with_id, status, body)
+                await _answer(stamping(send, added, scope), status, body)
                 return
         try:
-            await self.app(scope, receive, send_with_id)
+            direct = self._direct
+            if direct is not None and direct.claims(scope):
+                await direct.answer(scope, receive, send, added)
+            else:
+                await self.app(scope, receive, stamping(send, added, scope))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if not started:
+            if not scope.get(STARTED_KEY):
                 await _answer(
-                    send_with_id, 500, error_body(500, "internal error; see the server log", "internal_error")
+                    stamping(send, added, scope),
+                    500,
+                    error_body(500, "internal error; see the server log", "internal_error"),
                 )
 
     def _api_admitted(self, scope: Scope, headers: dict[bytes, bytes]) -> bool:
@@ -206,6 +204,41 @@ class Guard:
         origin = normal_origin(header.decode("latin-1"))
         return origin is not None and origin in self.allowed_origins
 
+
+@runtime_checkable
+class DirectAnswers(Protocol):
+    """An app that answers the requests it `claims` with the Guard's headers (`added`) itself: it
+    puts them on every answer it starts, and sets STARTED_KEY in the scope just before it starts
+    one (`stamping` does both for a `send`). The Guard then does not wrap its `send` (a call per
+    message, and the wrapper's making, for every request)."""
+
+    def claims(self, scope: Scope) -> bool: ...
+
+    async def answer(
+        self, scope: Scope, receive: Receive, send: Send, added: list[tuple[bytes, bytes]]
+    ) -> None: ...
+
+
+def stamping(
+    send: Send, added: list[tuple[bytes, bytes]], scope: Scope
+) -> Callable[[Message], Awaitable[None]]:
+    """`send`, with `added` put on the answer's start (after its own headers), and STARTED_KEY set in
+    the scope before the start goes out (an exception after that cannot be answered any more).
+
+    A plain function handing back `send`'s awaitable, not a coroutine of its own: no frame per
+    message sent (a stream sends one per chunk)."""
+
+    def send_stamped(message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            scope[STARTED_KEY] = True
+            message["headers"] = [*message.get("headers", []), *added]
+        return send(message)
+
+    return send_stamped
+
+
+STARTED_KEY: Final = "omniroute.started"
+"""Set in the ASGI scope when the request's answer has started."""
 
 HEADERS_KEY: Final = "omniroute.headers"
 """Where the Guard leaves the request's headers by name (`dict[bytes, bytes]`) in the ASGI scope."""

@@ -979,6 +979,10 @@ class _Relayed(Response):
         await send({"type": "http.response.body", "body": self.body})
 
 
+WHOLE_ANSWERS: tuple[type[Response], ...] = (Response, ErrorResponse, _Relayed)
+"""The answers whose `__call__` is Starlette's Response's: the start, then the whole body."""
+
+
 def _relayed(
     body: bytes,
     status: int,
