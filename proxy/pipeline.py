@@ -211,7 +211,18 @@ class Pipeline:
         try:
             headers = _header_map(request)
             try:
-                raw = await _read_body(request, headers)
+                # `_read_body`, with the common case (the whole body in one message) inline.
+                length = headers.get(b"content-length")
+                if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                    raise BodyTooLarge
+                message = await request.receive()
+                raw = message.get("body", b"")
+                if (
+                    message["type"] != "http.request"
+                    or message.get("more_body", False)
+                    or len(raw) > MAX_BODY_BYTES
+                ):
+                    raw = await _read_body(request, headers, message)
             except BodyTooLarge:
                 response = error_response(413, "request body exceeds 32 MiB", "request_too_large")
                 return response
@@ -1487,11 +1498,13 @@ def _header_map(request: Request) -> dict[bytes, bytes]:
     return dict(reversed(raw if isinstance(raw, list) else list(raw)))
 
 
-async def _read_body(request: Request, headers: Mapping[bytes, bytes] | None = None) -> bytes:
+async def _read_body(
+    request: Request, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
+) -> bytes:
     """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
     does, without an async generator per request. `headers`: the request's `_header_map`, when
-    the caller has it."""
+    the caller has it; `first`: the first message, when the caller has received it."""
     length = (headers if headers is not None else _header_map(request)).get(b"content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
@@ -1499,7 +1512,10 @@ async def _read_body(request: Request, headers: Mapping[bytes, bytes] | None = N
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        if first is not None:
+            message, first = first, None
+        else:
+            message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect
         chunk = message.get("body", b"")

@@ -229,11 +229,15 @@ class UpstreamClient:
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not loop:
             deadlines = self._deadlines = _Deadlines(loop)
-        deadlines.add(task, loop.time() + limit)
+        # (`_Deadlines.add`, inline: once per request)
+        deadline = loop.time() + limit
+        deadlines.pending[task] = deadline
+        if deadlines.timer is None or deadline < deadlines.at:
+            deadlines.arm(deadline)
         try:
             response = await self._session.request(method, url, data=body, headers=headers)
         except asyncio.CancelledError as exc:
-            if deadlines.passed(task) and task.uncancel() <= cancelling:
+            if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
             raise
         except TimeoutError as exc:  # aiohttp's own (sock_connect, sock_read): the same words as ours
@@ -241,7 +245,8 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
         finally:
-            deadlines.discard(task)
+            if deadlines.pending.pop(task, None) is None:  # (`_Deadlines.discard`, inline)
+                deadlines.passed_tasks.discard(task)
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000)
 
@@ -249,51 +254,40 @@ class UpstreamClient:
 class _Deadlines:
     """Tasks to cancel when their deadline (loop time) passes, behind one loop timer.
 
-    The timer is set for the earliest deadline; when it fires, every task whose deadline has
-    passed is cancelled (and noted: `passed`), and the timer is set again for the earliest one
-    left. A task that is done with its deadline (`discard`) is only taken out of the table: with
-    every request given the same limit, the timer fires about once a limit, not once a request.
+    A task's deadline goes into `pending`, and the timer is set (`arm`) for it when it is the
+    earliest. When the timer fires, every task whose deadline has passed is cancelled and moves to
+    `passed_tasks`, and the timer is set again for the earliest one left. A task done with its
+    deadline leaves `pending` (or `passed_tasks`): with every request given the same limit, the
+    timer fires about once a limit, not once a request. (`UpstreamClient.send` reads and writes
+    the tables itself: it is the one user, once per request.)
     """
 
-    __slots__ = ("_at", "_passed", "_pending", "_timer", "loop")
+    __slots__ = ("at", "loop", "passed_tasks", "pending", "timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._pending: dict[asyncio.Task[object], float] = {}
-        self._passed: set[asyncio.Task[object]] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._at = 0.0
+        self.pending: dict[asyncio.Task[object], float] = {}
+        self.passed_tasks: set[asyncio.Task[object]] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.at = 0.0
+        """When the timer fires (loop time)."""
 
-    def add(self, task: asyncio.Task[object], deadline: float) -> None:
-        self._pending[task] = deadline
-        if self._timer is None or deadline < self._at:
-            self._arm(deadline)
-
-    def passed(self, task: asyncio.Task[object]) -> bool:
-        """Did the task's deadline pass (and cancel it)?"""
-        return task in self._passed
-
-    def discard(self, task: asyncio.Task[object]) -> None:
-        """The task is done with its deadline: it cannot pass any more."""
-        if self._pending.pop(task, None) is None:
-            self._passed.discard(task)
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._at = when
-        self._timer = self.loop.call_at(when, self._fire)
+    def arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.at = when
+        self.timer = self.loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
-        self._timer = None
+        self.timer = None
         now = self.loop.time()
-        due = [task for task, deadline in self._pending.items() if deadline <= now]
+        due = [task for task, deadline in self.pending.items() if deadline <= now]
         for task in due:
-            del self._pending[task]
-            self._passed.add(task)
+            del self.pending[task]
+            self.passed_tasks.add(task)
             task.cancel()
-        if self._pending:
-            self._arm(min(self._pending.values()))
+        if self.pending:
+            self.arm(min(self.pending.values()))
 
 
 def _network_outcome(exc: BaseException) -> Outcome:
