@@ -24,6 +24,13 @@ from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.restate import restate
 from proxy.scrub import Scrubber
 
+# The members `record` compares with, read once here: an Enum member read through its class costs
+# a metaclass lookup (Python 3.11), a dozen times per request.
+_STATUS = OutcomeKind.STATUS
+_B_NONE, _B_SUCCESS, _B_FAILURE = BreakerEffect.NONE, BreakerEffect.SUCCESS, BreakerEffect.FAILURE
+_C_NONE, _C_CLEAR = ConnectionEffect.NONE, ConnectionEffect.CLEAR
+_L_DECAY, _L_LOCK = LockoutEffect.DECAY, LockoutEffect.LOCK
+
 
 class Outcomes(EnginePart):
     def __init__(self, layers: Layers, scrubber: Scrubber) -> None:
@@ -48,14 +55,14 @@ class Outcomes(EnginePart):
             )
 
         client_retry: int | None = None
-        if outcome.kind is OutcomeKind.STATUS and outcome.status is not None and outcome.status >= 400:
+        if outcome.kind is _STATUS and outcome.status is not None and outcome.status >= 400:
             restated = restate(outcome.status, outcome.body, provider.rules) if provider.rules else None
             if restated is not None:
                 client_retry = restated.retry_after_ms
                 outcome = Outcome(outcome.kind, restated.status, outcome.headers, outcome.body, outcome.error)
 
         status = outcome.status
-        if outcome.kind is OutcomeKind.STATUS and status is not None and 200 <= status < 300:
+        if outcome.kind is _STATUS and status is not None and 200 <= status < 300:
             # What classify says of every 2xx, whatever the settings: not worth reading them.
             lockout_settings = None
             verdict = SUCCESS
@@ -67,43 +74,40 @@ class Outcomes(EnginePart):
 
         breaker = provider.breaker
         shared = self._layers.shared
-        if shared is not None and (verdict.breaker is not BreakerEffect.NONE or attempt.probe):
+        if shared is not None and (verdict.breaker is not _B_NONE or attempt.probe):
             shared.breaker(pid, verdict.breaker, now, probe=attempt.probe)
         changed = True
-        if verdict.breaker is BreakerEffect.SUCCESS:
+        if verdict.breaker is _B_SUCCESS:
             # Nothing to store when nothing changed (a closed breaker without failures): the state
             # file would be written four times a second for every provider that has traffic.
             changed = breaker.record_success(now, probe=attempt.probe_ticket)
-        elif verdict.breaker is BreakerEffect.FAILURE:
+        elif verdict.breaker is _B_FAILURE:
             breaker.record_failure(now, probe=attempt.probe_ticket)
         elif attempt.probe:
             breaker.release_probe(now, attempt.probe_ticket)
-        if (verdict.breaker is not BreakerEffect.NONE and changed) or attempt.probe:
+        if (verdict.breaker is not _B_NONE and changed) or attempt.probe:
             self.dirty.breakers.add(pid)
 
         # The layers' changes go through helpers: a lambda here would make every variable it
         # reads a cell, allocated on every call, the successes' too.
         health = conn.health
         effect = verdict.connection
-        if effect is ConnectionEffect.CLEAR:
+        if effect is _C_CLEAR:
             if health.terminal is None and (
                 health.last_error is not None or health.backoff_level or health.rate_limited_until is not None
             ):
                 self._connection_recovered(cid, now)
-        elif effect is not ConnectionEffect.NONE:
+        elif effect is not _C_NONE:
             self._connection_failed(attempt, outcome, verdict, now)
 
-        if verdict.lockout is LockoutEffect.DECAY:
-            if len(self.lockouts) and self.lockouts.get(pid, cid, model) is not None:
+        if verdict.lockout is _L_DECAY:
+            locked = self.lockouts.keys_for_model(pid, model)  # (None for the usual model: no lookup)
+            if locked and (pid, cid, model) in locked:
                 self._lockout_decayed(pid, cid, model, now)
-        elif verdict.lockout is LockoutEffect.LOCK:
+        elif verdict.lockout is _L_LOCK:
             self._lock(attempt, outcome, verdict, lockout_settings or self.settings.lockout(), now)
 
-        if (
-            verdict.breaker is BreakerEffect.FAILURE
-            or effect not in (ConnectionEffect.NONE, ConnectionEffect.CLEAR)
-            or verdict.lockout is LockoutEffect.LOCK
-        ):
+        if verdict.breaker is _B_FAILURE or effect not in (_C_NONE, _C_CLEAR) or verdict.lockout is _L_LOCK:
             self._layers.recheck_queues(provider)
 
         if session is not None and outcome.is_success:
@@ -111,6 +115,12 @@ class Outcomes(EnginePart):
             if ttl > 0:
                 self.pins.pin(session, cid, now, ttl)
 
+        if verdict is SUCCESS and client_retry is None:
+            # One per status: a Recorded is immutable, and a frozen dataclass is slow to make.
+            found = _SUCCESSES.get(outcome.status)
+            if found is None:
+                found = _SUCCESSES[outcome.status] = Recorded(verdict, outcome.status, None)
+            return found
         return Recorded(verdict, outcome.status, client_retry)
 
     def _connection_recovered(self, cid: str, now: float) -> None:
@@ -187,6 +197,10 @@ class Outcomes(EnginePart):
             attempt.provider.breaker.renew_probe(self.clock.now(), attempt.probe_ticket)
             if self._layers.shared is not None:
                 self._layers.shared.probe_alive(attempt.provider.spec.id)
+
+
+_SUCCESSES: dict[int | None, Recorded] = {}
+"""Status -> what `record` concludes of a success with it (2xx only: a handful)."""
 
 
 def _describe(outcome: Outcome, verdict: Verdict) -> str:

@@ -22,6 +22,9 @@ from proxy.resilience.lockout import NOT_FOUND
 PROBE_RECOVERY_ESTIMATE_MS = 1000.0
 
 
+_REJECT, _PROBE = Admission.REJECT, Admission.PROBE  # (read once: see proxy.engine.outcomes)
+
+
 class Routing(EnginePart):
     def __init__(self, layers: Layers) -> None:
         super().__init__(layers)
@@ -95,11 +98,11 @@ class Routing(EnginePart):
             if best is None:
                 continue
             admission = breaker.admit(now)
-            if admission is Admission.REJECT:
+            if admission is _REJECT:
                 continue
             best.in_flight += 1
             best.last_used = now
-            if admission is Admission.PROBE:
+            if admission is _PROBE:
                 return Attempt(target, provider, best, True, now, best is pinned, breaker.probe_ticket)
             return Attempt(target, provider, best, False, now, best is pinned)
         return NoTarget(tuple(self._explain(targets, tried_set or set(), now)))

@@ -89,6 +89,7 @@ _CLOSED = BreakerState.CLOSED
 _DEGRADED = BreakerState.DEGRADED
 _OPEN = BreakerState.OPEN
 _HALF_OPEN = BreakerState.HALF_OPEN
+_ALLOW, _PROBE, _REJECT = Admission.ALLOW, Admission.PROBE, Admission.REJECT
 
 
 def _no_emit(event: Event) -> None:
@@ -178,17 +179,17 @@ class CircuitBreaker:
     def admit(self, now: float) -> Admission:
         state = self._state
         if state is _CLOSED or state is _DEGRADED:
-            return Admission.ALLOW
+            return _ALLOW
         if state is _OPEN:
             if now < self._open_until:
-                return Admission.REJECT
+                return _REJECT
             self._transition(now, _HALF_OPEN, "timeout_elapsed")
         if self._probe_slot_free(now):
             self._probe_tickets += 1
             self._probe_owner = self._probe_tickets
             self._probe_until = now + self.probe_timeout_ms
-            return Admission.PROBE
-        return Admission.REJECT
+            return _PROBE
+        return _REJECT
 
     @property
     def probe_ticket(self) -> int:

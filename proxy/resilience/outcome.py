@@ -24,6 +24,10 @@ class OutcomeKind(Enum):
     """Our own queue refused or timed the request out; says nothing about the upstream."""
 
 
+_STATUS = OutcomeKind.STATUS
+"""(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     kind: OutcomeKind
@@ -68,7 +72,7 @@ class Outcome:
 
     @property
     def is_success(self) -> bool:
-        return self.kind is OutcomeKind.STATUS and self.status is not None and 200 <= self.status < 300
+        return self.kind is _STATUS and self.status is not None and 200 <= self.status < 300
 
 
 _OK: dict[int, Outcome] = {}
