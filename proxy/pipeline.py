@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -108,23 +108,39 @@ class _UpstreamError:
         return {"connectionId": self.connection_id, "status": self.status, "message": self.message}
 
 
-@dataclass(slots=True)
 class _Progress:
-    """What one request has been through so far (for headers and the final error)."""
+    """What one request has been through so far (for headers and the final error).
 
-    tried: list[str] = field(default_factory=list)
-    failed_attempts: int = 0
-    attempted_targets: set[str] = field(default_factory=set)
-    last_error: Response | None = None
-    last_failure: _UpstreamError | None = None
-    """What the upstream of this request's last failed attempt did, in words (for the final answer)."""
-    client_retry_ms: int | None = None
-    waits: int = 0
-    waited_ms: float = 0.0
-    api_skips: tuple[Skip, ...] = ()
-    """Targets left out before the first attempt because their provider does not speak the API."""
-    record: RequestRecord | None = None
-    """The request's record in the trail (None when recording is off)."""
+    A plain class: a dataclass's generated __init__, with its defaults and default factories, cost
+    several times as much, and one is made for every request."""
+
+    __slots__ = (
+        "api_skips",
+        "attempted_targets",
+        "client_retry_ms",
+        "failed_attempts",
+        "last_error",
+        "last_failure",
+        "record",
+        "tried",
+        "waited_ms",
+        "waits",
+    )
+
+    def __init__(self, api_skips: tuple[Skip, ...] = (), record: RequestRecord | None = None) -> None:
+        self.tried: list[str] = []
+        self.failed_attempts = 0
+        self.attempted_targets: set[str] = set()
+        self.last_error: Response | None = None
+        self.last_failure: _UpstreamError | None = None
+        """What the upstream of this request's last failed attempt did, in words (for the final answer)."""
+        self.client_retry_ms: int | None = None
+        self.waits = 0
+        self.waited_ms = 0.0
+        self.api_skips = api_skips
+        """Targets left out before the first attempt because their provider does not speak the API."""
+        self.record = record
+        """The request's record in the trail (None when recording is off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +381,8 @@ class Pipeline:
                     return self._unavailable(decision, progress, targets)
                 progress.tried.clear()
                 continue
-            fleet = engine.shared
-            if decision.probe and fleet is not None and not await fleet.take_probe(decision):
+            fleet = engine.shared if decision.probe else None  # (a property: read for a probe only)
+            if fleet is not None and not await fleet.take_probe(decision):
                 continue  # another replica holds the fleet's one probe: decide again without it
             if record is not None and trail is not None:
                 trail.passed_over(record, decision, targets, progress.tried)

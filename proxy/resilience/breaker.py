@@ -161,6 +161,9 @@ class CircuitBreaker:
         return self._state
 
     def can_execute(self, now: float) -> bool:
+        state = self._state
+        if state is _CLOSED or state is _DEGRADED:  # (nothing for state() to move on: the usual case)
+            return True
         state = self.state(now)
         if state is _HALF_OPEN:
             return self._probe_slot_free(now)
