@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -15,8 +15,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import passthrough, untrusted
-from proxy.guard import Guard
+from proxy.guard import STARTED_KEY, Guard, stamping
 from proxy.manage import management_routes
+from proxy.pipeline import WHOLE_ANSWERS
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
 
@@ -32,7 +33,9 @@ class ApiRoutes:
     response. Every other request (a management route, another method on these paths, an unknown
     path) goes on to the Starlette app, which answers it as before. Nothing is lost on the way: the Guard in
     front checks Host, Origin, credentials and Content-Type for both, and answers an unexpected
-    exception with the same JSON 500 that Starlette's handler gives.
+    exception with the same JSON 500 that Starlette's handler gives. For the requests it claims,
+    the Guard hands its headers (`X-Request-Id`, CORS) to `answer`, which puts them on the answer
+    itself (proxy.guard.DirectAnswers); a whole answer is sent without a coroutine of its own.
     """
 
     def __init__(self, routes: Mapping[str, Endpoint], app: ASGIApp) -> None:
@@ -40,16 +43,34 @@ class ApiRoutes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.endpoints.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        if scope["type"] == "http" and self.claims(scope):
+            await self.answer(scope, receive, send, [])
+        else:
             await self.app(scope, receive, send)
-            return
+
+    def claims(self, scope: Scope) -> bool:
+        """Is this (http) request one of the API routes' own?"""
+        return scope["method"] == "POST" and scope["path"] in self.endpoints
+
+    async def answer(
+        self, scope: Scope, receive: Receive, send: Send, added: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Answer a request `claims` took, with `added` on the answer (the Guard's headers; see
+        proxy.guard.DirectAnswers)."""
         request = Request(scope, receive)
         try:
-            response = await endpoint(request)
+            response = await self.endpoints[scope["path"]](request)
         except ClientDisconnect as exc:
             response = await client_gone(request, exc)
-        await response(scope, receive, send)
+        if type(response) in WHOLE_ANSWERS and response.background is None:
+            # What Response.__call__ does (for an http scope), without a coroutine of its own, and
+            # with the Guard's headers put on as it would.
+            scope[STARTED_KEY] = True
+            headers = [*response.raw_headers, *added]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": response.body})
+            return
+        await response(scope, receive, stamping(send, added, scope))
 
 
 async def client_gone(request: Request, exc: Exception) -> Response:
@@ -64,13 +85,15 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
     with Starlette."""
 
     def route(endpoint: str) -> Endpoint:
-        async def handle(request: Request) -> Response:
-            return await runtime.pipeline.handle(request, endpoint)
+        # A plain function handing back the pipeline's own coroutine, with no coroutine of its own
+        # between: each coroutine in the chain is resumed again at every await below it.
+        def handle(request: Request) -> Awaitable[Response]:
+            return runtime.pipeline.handle(request, endpoint)
 
         return handle
 
-    async def messages(request: Request) -> Response:
-        return await runtime.pipeline.handle_messages(request)
+    def messages(request: Request) -> Awaitable[Response]:
+        return runtime.pipeline.handle_messages(request)
 
     async def count_tokens(request: Request) -> Response:
         return await passthrough.count_tokens(runtime, request)
@@ -83,6 +106,15 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
         "/v1/messages": messages,
         "/v1/messages/count_tokens": count_tokens,
     }
+
+
+def _coroutine(endpoint: Endpoint) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    """`endpoint` as an `async def`: Starlette runs any other callable in a thread."""
+
+    async def call(request: Request) -> Response:
+        return await endpoint(request)
+
+    return call
 
 
 def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
@@ -139,7 +171,7 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
     routes = [
         # Registered here too, so that Starlette answers their other methods (405) and the OpenAPI
         # document lists them; their POSTs never get this far (ApiRoutes).
-        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in api.items()),
+        *(Route(path, _coroutine(endpoint), methods=["POST"]) for path, endpoint in api.items()),
         Route("/v1/responses/{response_id}", response_follow_up, methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/cancel", response_follow_up, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -43,6 +43,18 @@ _MODEL_KEY: Final = b'"model"'
 _FIRST_MEMBER: Final = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"model"[ \t\n\r]*:[ \t\n\r]*"')
 """A body's start up to the opening quote of its first member's value, when that member is `model`."""
 _AFTER_MEMBER: Final = re.compile(rb"[ \t\n\r]*(,[ \t\n\r]*)?")
+_COMPACT_HEAD: Final = b'{"model":"'
+_SPACED_HEAD: Final = b'{"model": "'
+_COMMA: Final = 0x2C
+_VIEW_FROM: Final = 64 * 1024
+"""A body at least this long is sent on as views of the client's bytes (one copy, when the pieces
+are joined); a shorter one is cut into bytes, cheaper to make than views."""
+_DUMPED_CACHED: Final = 1024
+_prefixes: dict[str, bytes] = {}
+"""Model name -> `_compact_prefix`."""
+_dumped: dict[str, bytes] = {}
+"""Model name -> as a JSON string (`for_model`): the same few names every time; at most
+_DUMPED_CACHED of them."""
 _BACKSLASH: Final = 0x5C
 _QUOTE: Final = 0x22
 _DECODER: Final = json.JSONDecoder()
@@ -88,20 +100,24 @@ class RequestBody:
 
     def for_model(self, model: str) -> bytes:
         """The body to send upstream: the client's body with `model` as its model."""
-        value = untrusted.dumps(model)
+        value = _dumped.get(model)
+        if value is None:
+            value = untrusted.dumps(model)
+            if len(_dumped) < _DUMPED_CACHED:
+                _dumped[model] = value
         if self._rest is None:
             return b"".join((*self._head, value, self._tail))  # the one copy of the body
         head = b'{"model": ' + value
         return head + b"}" if self._rest == b"{}" else head + b", " + self._rest[1:]
 
 
-def _split(raw: bytes, model: str) -> tuple[tuple[bytes | memoryview, ...], memoryview] | None:
+def _split(raw: bytes, model: str) -> tuple[tuple[bytes | memoryview, ...], bytes | memoryview] | None:
     """(head, tail): the pieces of the body before and after where the model's value goes (views
     of `raw`, not copies), or None when that cannot be told."""
-    whole = memoryview(raw)
-    first = _first_member(raw)
-    if first is not None and _string_is(raw, first[0], first[1], model):
-        value_start, value_end, rest_start, close = first
+    whole: bytes | memoryview = memoryview(raw) if len(raw) >= _VIEW_FROM else raw
+    first = _first_member(raw, model)
+    if first is not None and (first[4] or _string_is(raw, first[0], first[1], model)):
+        value_start, value_end, rest_start, close, _ = first
         if rest_start == close:  # `{"model": ...}` and nothing else
             return (whole[:value_start],), whole[value_end:]
         # `{` + the other members + `, "model": ` ... `}`: the model last (see the module docstring).
@@ -146,27 +162,74 @@ def _escaped(raw: bytes, i: int) -> bool:
     return slashes % 2 == 1
 
 
-def _first_member(raw: bytes) -> tuple[int, int, int, int] | None:
+def _first_member(raw: bytes, model: str = "") -> tuple[int, int, int, int, bool] | None:
     """When the object's first member is `"model": "<string>"`: where its value starts and ends,
-    where the next member starts (after the comma) and where the closing brace is."""
-    head = _FIRST_MEMBER.match(raw)
-    if head is None:
-        return None
-    start = end = head.end() - 1
-    while True:  # the closing quote: the first unescaped one
-        end = raw.find(b'"', end + 1)
-        if end < 0:
+    where the next member starts (after the comma), where the closing brace is, and whether the
+    value is known to read `model` (when it is `model` as it is, without escapes)."""
+    prefix = _compact_prefix(model)
+    if prefix and raw.startswith(prefix) and raw.endswith(b"}") and raw[len(prefix)] not in _WHITESPACE:
+        # `{"model":"<model>",` then the next member at once, and the brace last: what the
+        # steps below find for the compact spelling, in one comparison.
+        rest = len(prefix)
+        return len(_COMPACT_HEAD) - 1, rest - 1, rest, len(raw) - 1, True
+    # The two spellings clients use (compact, and Python's json.dumps) without the regex.
+    if raw.startswith(_COMPACT_HEAD):
+        start = len(_COMPACT_HEAD) - 1
+    elif raw.startswith(_SPACED_HEAD):
+        start = len(_SPACED_HEAD) - 1
+    else:
+        head = _FIRST_MEMBER.match(raw)
+        if head is None:
             return None
-        if not _escaped(raw, end):
-            break
-    end += 1
-    close = _skip_back(raw, len(raw)) - 1
+        start = head.end() - 1
+    end = start
+    plain = _plain(model)
+    after_plain = start + 1 + len(plain) if plain is not None else 0
+    if plain is not None and raw.startswith(plain, start + 1) and raw[after_plain : after_plain + 1] == b'"':
+        # The model's own characters, then a quote: none of them is a backslash, so that quote is
+        # the closing one, and a string without escapes reads what it holds.
+        end = start + 2 + len(plain)
+        known = True
+    else:
+        while True:  # the closing quote: the first unescaped one
+            end = raw.find(b'"', end + 1)
+            if end < 0:
+                return None
+            if not _escaped(raw, end):
+                break
+        end += 1
+        known = False
+    size = len(raw)
+    close = size - 1 if raw.endswith(b"}") else _skip_back(raw, size) - 1
+    follows = raw[end : end + 2]
+    if len(follows) == 2 and follows[0] == _COMMA and follows[1] not in _WHITESPACE:
+        return start, end, end + 1, close, known  # `,` and the next member at once
     after = _AFTER_MEMBER.match(raw, end)
     if after is None:
         return None
     if after.group(1) is None:  # no comma: the only member
-        return (start, end, close, close) if after.end() == close else None
-    return start, end, after.end(), close
+        return (start, end, close, close, known) if after.end() == close else None
+    return start, end, after.end(), close, known
+
+
+def _compact_prefix(model: str) -> bytes:
+    """`{"model":"<model>",` when `model` is `_plain`, else empty (kept per name, at most
+    _DUMPED_CACHED of them)."""
+    prefix = _prefixes.get(model)
+    if prefix is None:
+        plain = _plain(model)
+        prefix = _COMPACT_HEAD + plain + b'",' if plain is not None else b""
+        if len(_prefixes) < _DUMPED_CACHED:
+            _prefixes[model] = prefix
+    return prefix
+
+
+def _plain(model: str) -> bytes | None:
+    """`model` as a JSON string holds it without escapes (printable ASCII, no quote or backslash),
+    or None when it may need some."""
+    if model and model.isascii() and model.isprintable() and '"' not in model and "\\" not in model:
+        return model.encode()
+    return None
 
 
 def _last_member_value(raw: bytes) -> tuple[int, int] | None:

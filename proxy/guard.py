@@ -30,8 +30,8 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Awaitable
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol, runtime_checkable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -60,6 +60,8 @@ class Guard:
         self.api_keys = [k.encode() for k in server.api_keys]
         self.allowed_hosts = frozenset(server.allowed_hosts)
         self.allowed_origins = frozenset(server.allowed_origins)
+        self._direct = app if isinstance(app, DirectAnswers) else None
+        """The app, when it answers the requests it claims with the Guard's headers itself."""
         self._hosts: dict[bytes, bool] = {}
         """Host header -> allowed: the same few values arrive with every request, and reading one
         takes an IP address parse. At most _HOSTS_CACHED entries: a client cannot grow it."""
@@ -68,10 +70,15 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = os.urandom(8).hex()
+        request_id = _request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         added = [(b"x-request-id", request_id.encode())]
-        headers = _headers(scope)
+        raw = scope.get("headers", [])
+        # By lower-case name, the first of repeated ones (as a browser sends one): built in C,
+        # reversed so that the first of a repeated name is the one that stays. The pipeline reads
+        # the same dict (HEADERS_KEY) instead of building it again.
+        headers: dict[bytes, bytes] = dict(reversed(raw if isinstance(raw, list) else list(raw)))
+        scope[HEADERS_KEY] = headers
         origin = headers.get(b"origin")
         if origin is not None and self._origin_allowed(origin):
             added += [
@@ -79,44 +86,59 @@ class Guard:
                 (b"access-control-expose-headers", _CORS_EXPOSE_HEADERS),
                 (b"vary", b"Origin"),
             ]
-        started = False
-
-        # A plain function handing back `send`'s awaitable, not a coroutine of its own: no frame
-        # per message sent (a stream sends one per chunk).
-        def send_with_id(message: Message) -> Awaitable[None]:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                message["headers"] = [*message.get("headers", []), *added]
-            return send(message)
-
-        # The path's kind, read once for every rule below.
         path: str = scope.get("path", "")
-        managed = _managed(path)
-        needed = (
-            self.management_token is not None if managed else path.startswith("/v1/") and bool(self.api_keys)
-        )
-        denial = self._door(headers, needed)
-        preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
-        if denial is None and origin is not None and preflight:
-            await _preflight(send_with_id)  # it carries no credential: answered before they are asked
-            return
-        if denial is None:
-            denial = self._access(scope, headers, managed, needed)
-        if denial is not None:
-            status, body = denial
-            if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
-                body = anthropic_error_body(status, json.loads(body)["error"]["message"])
-            await _answer(send_with_id, status, body)
-            return
+        if not (origin is None and path.startswith("/v1/") and self._api_admitted(scope, headers)):
+            # Anything but an API request that plainly passes every rule: the rules one by one.
+            managed = _managed(path)
+            needed = (
+                self.management_token is not None
+                if managed
+                else path.startswith("/v1/") and bool(self.api_keys)
+            )
+            denial = self._door(headers, needed)
+            preflight = scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers
+            if denial is None and origin is not None and preflight:
+                # It carries no credential: answered before they are asked.
+                await _preflight(stamping(send, added, scope))
+                return
+            if denial is None:
+                denial = self._access(scope, headers, managed, needed)
+            if denial is not None:
+                status, body = denial
+                if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
+                    body = anthropic_error_body(status, json.loads(body)["error"]["message"])
+                await _answer(stamping(send, added, scope), status, body)
+                return
         try:
-            await self.app(scope, receive, send_with_id)
+            direct = self._direct
+            if direct is not None and direct.claims(scope):
+                await direct.answer(scope, receive, send, added)
+            else:
+                await self.app(scope, receive, stamping(send, added, scope))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if not started:
+            if not scope.get(STARTED_KEY):
                 await _answer(
-                    send_with_id, 500, error_body(500, "internal error; see the server log", "internal_error")
+                    stamping(send, added, scope),
+                    500,
+                    error_body(500, "internal error; see the server log", "internal_error"),
                 )
+
+    def _api_admitted(self, scope: Scope, headers: dict[bytes, bytes]) -> bool:
+        """Does a `/v1/` request without an Origin plainly pass every rule? True only when the rules
+        one by one (`_door`, `_access`) would let it through; False sends it to them, which decide."""
+        if self.api_keys:  # the credential rule, instead of the Host rule
+            if not (_bearer_matches(headers, self.api_keys) or _x_api_key_matches(headers, self.api_keys)):
+                return False
+        else:
+            host = headers.get(b"host")
+            if host is not None and self._hosts.get(host) is not True:
+                return False  # not known to be allowed (yet): _door reads it
+        return (
+            scope.get("method") not in _UNSAFE_METHODS
+            or headers.get(b"content-type") == b"application/json"
+            or _json_or_empty(headers)
+        )
 
     def _door(self, headers: dict[bytes, bytes], credential_needed: bool) -> tuple[int, bytes] | None:
         """Steps 1 and 2: the Host and Origin rules (`credential_needed`: a credential authenticates
@@ -181,6 +203,68 @@ class Guard:
             return False
         origin = normal_origin(header.decode("latin-1"))
         return origin is not None and origin in self.allowed_origins
+
+
+@runtime_checkable
+class DirectAnswers(Protocol):
+    """An app that answers the requests it `claims` with the Guard's headers (`added`) itself: it
+    puts them on every answer it starts, and sets STARTED_KEY in the scope just before it starts
+    one (`stamping` does both for a `send`). The Guard then does not wrap its `send` (a call per
+    message, and the wrapper's making, for every request)."""
+
+    def claims(self, scope: Scope) -> bool: ...
+
+    async def answer(
+        self, scope: Scope, receive: Receive, send: Send, added: list[tuple[bytes, bytes]]
+    ) -> None: ...
+
+
+def stamping(
+    send: Send, added: list[tuple[bytes, bytes]], scope: Scope
+) -> Callable[[Message], Awaitable[None]]:
+    """`send`, with `added` put on the answer's start (after its own headers), and STARTED_KEY set in
+    the scope before the start goes out (an exception after that cannot be answered any more).
+
+    A plain function handing back `send`'s awaitable, not a coroutine of its own: no frame per
+    message sent (a stream sends one per chunk)."""
+
+    def send_stamped(message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            scope[STARTED_KEY] = True
+            message["headers"] = [*message.get("headers", []), *added]
+        return send(message)
+
+    return send_stamped
+
+
+STARTED_KEY: Final = "omniroute.started"
+"""Set in the ASGI scope when the request's answer has started."""
+
+HEADERS_KEY: Final = "omniroute.headers"
+"""Where the Guard leaves the request's headers by name (`dict[bytes, bytes]`) in the ASGI scope."""
+
+_ID_POOL_BYTES: Final = 8 * 512
+_ids = b""
+_ids_at = 0
+
+
+def _request_id() -> str:
+    """16 hex digits from the system's random source, read 512 ids at a time (one read per
+    request was a system call per request)."""
+    global _ids, _ids_at
+    at = _ids_at
+    if at >= len(_ids):
+        _ids, at = os.urandom(_ID_POOL_BYTES), 0
+    _ids_at = at + 8
+    return _ids[at : at + 8].hex()
+
+
+def _forget_ids() -> None:
+    global _ids, _ids_at
+    _ids, _ids_at = b"", 0
+
+
+os.register_at_fork(after_in_child=_forget_ids)  # a forked child must not repeat its parent's ids
 
 
 def _managed(path: str) -> bool:

@@ -22,9 +22,9 @@ import collections
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -51,9 +51,10 @@ from proxy.body import RequestBody
 from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
+from proxy.guard import HEADERS_KEY
 from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
-from proxy.resilience.limiter import Ticket
+from proxy.resilience.limiter import RequestLimiter, Ticket
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.semaphore import ConnectionSemaphore
 from proxy.resilience.watchdog import ThroughputWatchdog
@@ -78,6 +79,7 @@ WAIT_SLACK_MS = 50.0
 _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
+_MEDIA_CACHED = 64
 GATE_LIMIT_BYTES = 256 * 1024
 """How much of a Messages or Responses stream's preamble is held back while waiting for its first
 content (an error event before content still falls back); past it the stream is committed."""
@@ -106,23 +108,39 @@ class _UpstreamError:
         return {"connectionId": self.connection_id, "status": self.status, "message": self.message}
 
 
-@dataclass(slots=True)
 class _Progress:
-    """What one request has been through so far (for headers and the final error)."""
+    """What one request has been through so far (for headers and the final error).
 
-    tried: list[str] = field(default_factory=list)
-    failed_attempts: int = 0
-    attempted_targets: set[str] = field(default_factory=set)
-    last_error: Response | None = None
-    last_failure: _UpstreamError | None = None
-    """What the upstream of this request's last failed attempt did, in words (for the final answer)."""
-    client_retry_ms: int | None = None
-    waits: int = 0
-    waited_ms: float = 0.0
-    api_skips: tuple[Skip, ...] = ()
-    """Targets left out before the first attempt because their provider does not speak the API."""
-    record: RequestRecord | None = None
-    """The request's record in the trail (None when recording is off)."""
+    A plain class: a dataclass's generated __init__, with its defaults and default factories, cost
+    several times as much, and one is made for every request."""
+
+    __slots__ = (
+        "api_skips",
+        "attempted_targets",
+        "client_retry_ms",
+        "failed_attempts",
+        "last_error",
+        "last_failure",
+        "record",
+        "tried",
+        "waited_ms",
+        "waits",
+    )
+
+    def __init__(self, api_skips: tuple[Skip, ...] = (), record: RequestRecord | None = None) -> None:
+        self.tried: list[str] = []
+        self.failed_attempts = 0
+        self.attempted_targets: set[str] = set()
+        self.last_error: Response | None = None
+        self.last_failure: _UpstreamError | None = None
+        """What the upstream of this request's last failed attempt did, in words (for the final answer)."""
+        self.client_retry_ms: int | None = None
+        self.waits = 0
+        self.waited_ms = 0.0
+        self.api_skips = api_skips
+        """Targets left out before the first attempt because their provider does not speak the API."""
+        self.record = record
+        """The request's record in the trail (None when recording is off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +215,11 @@ class Pipeline:
             for api in set(ENDPOINT_API.values())
         }
         """API -> the providers that do not speak it (mostly empty: checked only when not)."""
+        self._usual_headers: dict[str, tuple[dict[str, str], list[tuple[bytes, bytes]] | None]] = {}
+        """Connection id -> its routing headers without fallbacks (`_route_headers`)."""
+        self._media: dict[str, tuple[bool, str]] = {}
+        """An upstream's Content-Type -> (whether it claims JSON, as relayed, scrubbed): at most
+        _MEDIA_CACHED types, so that an upstream cannot grow it."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -209,114 +232,144 @@ class Pipeline:
         return response
 
     async def handle(self, request: Request, endpoint: str) -> Response:
+        # One coroutine from the request to its attempts (no wrapper for the trail's record, nor for
+        # the client watch): every coroutine in the chain is resumed again at every await below it.
         trail = self.trail
-        if trail is None:
-            return await self._handle(request, endpoint, None)
-        record = trail.begin(_request_id(request), _client(request), endpoint)
+        record = None
+        if trail is not None:
+            record = trail.begin(_request_id(request), _client(request), endpoint)
         response: Response | None = None
         try:
-            response = await self._handle(request, endpoint, record)
-            return response
+            headers = _header_map(request)
+            try:
+                # `_read_body`, with the common case (the whole body in one message) inline.
+                length = headers.get(b"content-length")
+                if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                    raise BodyTooLarge
+                message = await request.receive()
+                raw = message.get("body", b"")
+                if (
+                    message["type"] != "http.request"
+                    or message.get("more_body", False)
+                    or len(raw) > MAX_BODY_BYTES
+                ):
+                    raw = await _read_body(request, headers, message)
+            except BodyTooLarge:
+                response = error_response(413, "request body exceeds 32 MiB", "request_too_large")
+                return response
+            except ClientDisconnect:  # gone before its body arrived: nobody reads this
+                response = error_response(
+                    499, "the client went away before its body arrived", "client_disconnected"
+                )
+                return response
+            try:
+                body, exact = parse_body(raw)
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+                response = error_response(
+                    400,
+                    "request body is not valid JSON (NaN and Infinity are not JSON either)",
+                    "invalid_json",
+                )
+                return response
+            if not isinstance(body, dict):
+                response = error_response(400, "request body must be a JSON object", "invalid_request")
+                return response
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                response = error_response(400, "`model` is required and must be a string", "missing_model")
+                return response
+            if not model.isascii() and not untrusted.is_text(model):
+                # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
+                # messages may hold any JSON string: they are only passed on.)
+                response = error_response(
+                    400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
+                )
+                return response
+            try:
+                # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
+                # cannot fail, so nothing an attempt does can fail to encode.
+                payload = RequestBody(raw, body, exact=exact)
+            except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
+                response = error_response(400, "request body is nested too deeply", "invalid_json")
+                return response
+            stream = endpoint != "embeddings" and body.get("stream") is True
+            if record is not None:
+                record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
+            # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
+            # while they are young, rather than keep them through the attempts and into the cyclic
+            # collector's older generations.
+            del body
+
+            pinned_raw = headers.get(b"x-omniroute-connection")
+            pinned = pinned_raw.decode("latin-1") if pinned_raw is not None else None
+            router = self.router
+            route = router.known(model, pinned)
+            if route is None:
+                route = await router.resolve(model, pinned)
+            if route is None:
+                response = error_response(
+                    404,
+                    f"model {untrusted.echo(model)!r} is not a configured provider/model, combo, or model any upstream lists",
+                    "model_not_found",
+                )
+                return response
+            if not route.targets:
+                response = error_response(
+                    404,
+                    f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
+                    "connection_not_found",
+                )
+                return response
+            session = None
+            for key in _SESSION_KEYS:
+                session_raw = headers.get(key)
+                if session_raw is not None:
+                    session = session_raw.decode("latin-1")
+                    break
+            targets = route.targets
+            api = ENDPOINT_API[endpoint]
+            mute = self._mute[api]
+            skips: tuple[Skip, ...] = ()
+            # (The rare cases in helpers: a comprehension here would make the variables it reads
+            # cells, allocated on every request.)
+            if mute and _any_muted(targets, mute):
+                skips, targets = _without_muted(targets, mute, api)
+                if not targets:
+                    response = _none_speaks(model, api, skips)
+                    return response
+            wire = None
+            if api in ("messages", "responses"):
+                wire = Wire(api, _client_headers(headers), self.owners if api == "responses" else None)
+            if record is not None:
+                record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
+
+            stats = self.engine.stats
+            stats.started()
+            # As `_while_connected`, without a coroutine of its own: the attempts run in this task
+            # for as long as the client is there to read the answer.
+            watch: _ClientWatch | None = None
+            try:
+                watch = _ClientWatch(request.receive)
+                response = await self._route(endpoint, payload, targets, stream, session, skips, wire, record)
+                return response
+            except asyncio.CancelledError:
+                if watch is not None and watch.left():
+                    response = error_response(
+                        499, "the client went away before the answer", "client_disconnected"
+                    )
+                    return response
+                raise
+            finally:
+                if watch is not None:
+                    watch.stop()
+                # A stream counts itself when it ends; everything else ends here.
+                if not isinstance(response, StreamingResponse):
+                    ok = response is not None and response.status_code < 400
+                    stats.finished(ok, self.engine.clock.now())
         finally:
             # A relayed stream ends its record itself, when the stream ends.
-            if not isinstance(response, _RelayResponse):
+            if record is not None and trail is not None and not isinstance(response, _RelayResponse):
                 _ended(trail, record, response)
-
-    async def _handle(self, request: Request, endpoint: str, record: RequestRecord | None) -> Response:
-        headers = _header_map(request)
-        try:
-            raw = await _read_body(request, headers)
-        except BodyTooLarge:
-            return error_response(413, "request body exceeds 32 MiB", "request_too_large")
-        except ClientDisconnect:  # gone before its body arrived: nobody reads this
-            return error_response(499, "the client went away before its body arrived", "client_disconnected")
-        try:
-            body, exact = parse_body(raw)
-        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-            return error_response(
-                400, "request body is not valid JSON (NaN and Infinity are not JSON either)", "invalid_json"
-            )
-        if not isinstance(body, dict):
-            return error_response(400, "request body must be a JSON object", "invalid_request")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            return error_response(400, "`model` is required and must be a string", "missing_model")
-        if not untrusted.is_text(model):
-            # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
-            # messages may hold any JSON string: they are only passed on.)
-            return error_response(
-                400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model"
-            )
-        try:
-            # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
-            # cannot fail, so nothing an attempt does can fail to encode.
-            payload = RequestBody(raw, body, exact=exact)
-        except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
-            return error_response(400, "request body is nested too deeply", "invalid_json")
-        stream = endpoint != "embeddings" and body.get("stream") is True
-        if record is not None:
-            record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
-        # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
-        # while they are young, rather than keep them through the attempts and into the cyclic
-        # collector's older generations.
-        del body
-
-        pinned_raw = headers.get(b"x-omniroute-connection")
-        pinned = pinned_raw.decode("latin-1") if pinned_raw is not None else None
-        route = await self.router.resolve(model, pinned)
-        if route is None:
-            return error_response(
-                404,
-                f"model {untrusted.echo(model)!r} is not a configured provider/model, combo, or model any upstream lists",
-                "model_not_found",
-            )
-        if not route.targets:
-            return error_response(
-                404,
-                f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
-                "connection_not_found",
-            )
-        session_raw = next((headers[h] for h in _SESSION_KEYS if h in headers), None)
-        session = session_raw.decode("latin-1") if session_raw is not None else None
-        targets = route.targets
-        api = ENDPOINT_API[endpoint]
-        mute = self._mute[api]
-        skips: tuple[Skip, ...] = ()
-        if mute and any(t.provider in mute for t in targets):
-            skips = tuple(
-                Skip(str(t), None, f"does not speak {api}", None, False)
-                for t in targets
-                if t.provider in mute
-            )
-            targets = [t for t in targets if t.provider not in mute]
-            if not targets:
-                why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
-                return error_response(
-                    404,
-                    f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
-                    "model_not_found",
-                    skipped=[s.to_dict(0) for s in skips],
-                )
-        wire = None
-        if api in ("messages", "responses"):
-            client = {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
-            wire = Wire(api, client, self.owners if api == "responses" else None)
-        if record is not None:
-            record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
-
-        stats = self.engine.stats
-        stats.started()
-        response: Response | None = None
-        try:
-            response = await _while_connected(
-                request, self._route(endpoint, payload, targets, stream, session, skips, wire, record)
-            )
-            return response
-        finally:
-            # A stream counts itself when it ends; everything else ends here.
-            if not isinstance(response, StreamingResponse):
-                ok = response is not None and response.status_code < 400
-                stats.finished(ok, self.engine.clock.now())
 
     # ------------------------------------------------------------------ the attempt loop
 
@@ -346,8 +399,8 @@ class Pipeline:
                     return self._unavailable(decision, progress, targets)
                 progress.tried.clear()
                 continue
-            fleet = engine.shared
-            if decision.probe and fleet is not None and not await fleet.take_probe(decision):
+            fleet = engine.shared if decision.probe else None  # (a property: read for a probe only)
+            if fleet is not None and not await fleet.take_probe(decision):
                 continue  # another replica holds the fleet's one probe: decide again without it
             if (
                 record is not None
@@ -417,7 +470,7 @@ class Pipeline:
         conn = attempt.connection
         provider = attempt.provider
         progress.attempted_targets.add(str(attempt.target))
-        headers = self._route_headers(attempt, progress, targets)
+        headers, raw_headers = self._route_headers(attempt, progress, targets)
         data = payload.for_model(attempt.target.model)
         provider_config = self.config.providers[provider.spec.id]
         url = f"{provider_config.base_url}/{endpoint}"
@@ -432,6 +485,9 @@ class Pipeline:
         try:
             try:
                 upstream = await self._dispatch(scope, url, data, api_key, extra, credentials)
+                scope.upstream = upstream
+                if attempt.probe:  # a sign of progress: only a probe's lease needs it
+                    engine.probe_alive(attempt)
             except QueueFull:
                 scope.finish(Outcome.local("request queue full"))
                 return _answer(
@@ -472,7 +528,8 @@ class Pipeline:
                     headers,
                 )
 
-            if stream and upstream.content_type.startswith("text/event-stream"):
+            content_type = upstream.content_type
+            if stream and content_type.startswith("text/event-stream"):
                 if wire is not None:
                     return await self._start_gated(scope, upstream, headers, progress, wire)
                 return await self._start_stream(scope, upstream, headers, progress)
@@ -482,7 +539,13 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
-            claims_json = _claims_json(upstream.content_type)
+            media = self._media.get(content_type)
+            if media is None:
+                # (whether it claims JSON, the type as relayed): the same few types every time
+                media = (_claims_json(content_type), scrub(content_type))
+                if len(self._media) < _MEDIA_CACHED:
+                    self._media[content_type] = media
+            claims_json, media_type = media
             parsed = _parsed(content) if claims_json else _NOT_JSON
             garbled = claims_json and parsed is _NOT_JSON
             if garbled:
@@ -499,12 +562,7 @@ class Pipeline:
             await _shared_settled(engine, session, wire)
             if progress.record is not None:
                 progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
-            return Response(
-                scrub.secrets(content),
-                status_code=upstream.status,
-                media_type=scrub(upstream.content_type),
-                headers=headers,
-            )
+            return _relayed(scrub.secrets(content), upstream.status, media_type, headers, raw_headers)
         finally:
             # Every path above either recorded an outcome or handed the scope to a relay; anything
             # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
@@ -559,7 +617,7 @@ class Pipeline:
             return None
         return reply
 
-    async def _dispatch(
+    def _dispatch(
         self,
         scope: _AttemptScope,
         url: str,
@@ -567,18 +625,46 @@ class Pipeline:
         api_key: str | None,
         extra: Mapping[str, str],
         credentials: Mapping[str, str] | None = None,
-    ) -> UpstreamResponse:
-        """Take the attempt's local places in order, then send it and wait for the response headers.
+    ) -> Awaitable[UpstreamResponse]:
+        """Take the attempt's local places in order, then send it: the awaitable returned ends when
+        the response headers are in (the caller hands the response to the scope).
 
         The queue place comes first (QueueFull is answered at once, before any waiting), then the
         connection's concurrency slot (fail-open), then the dispatch: the execution deadline
         (requestQueue.maxWaitMs) runs from there to the response headers, so no local wait eats
-        into the time the upstream is given.
+        into the time the upstream is given. A connection with neither a request queue nor a
+        concurrency limit has nothing to wait for: its request is sent without a coroutine between.
         """
         engine = self.engine
         attempt = scope.attempt
-        record, trail = scope.record, scope.trail
         limiter = engine.limiter_for(attempt.connection, attempt.provider)
+        if limiter is not None or attempt.connection.semaphore is not None:
+            return self._dispatch_queued(scope, limiter, url, data, api_key, extra, credentials)
+        if attempt.probe:  # (both are about a probe's lease only)
+            engine.probe_waiting(attempt)
+        record, trail = scope.record, scope.trail
+        if record is not None and trail is not None:
+            trail.state(record, "upstream")
+        if attempt.probe:
+            engine.probe_alive(attempt)
+        return self.upstream.send(
+            "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
+        )
+
+    async def _dispatch_queued(
+        self,
+        scope: _AttemptScope,
+        limiter: RequestLimiter | None,
+        url: str,
+        data: bytes,
+        api_key: str | None,
+        extra: Mapping[str, str],
+        credentials: Mapping[str, str] | None,
+    ) -> UpstreamResponse:
+        """`_dispatch` through the connection's request queue and/or concurrency slots."""
+        engine = self.engine
+        attempt = scope.attempt
+        record, trail = scope.record, scope.trail
         ticket = limiter.admit() if limiter is not None else None
         scope.ticket = ticket
         engine.probe_waiting(attempt)
@@ -605,12 +691,8 @@ class Pipeline:
             "POST", url, body=data, api_key=api_key, extra_headers=extra, credentials=credentials
         )
         if limiter is not None and dispatch is not None:
-            upstream = await limiter.within_deadline(dispatch, send)
-        else:
-            upstream = await send
-        scope.upstream = upstream
-        engine.probe_alive(attempt)
-        return upstream
+            return await limiter.within_deadline(dispatch, send)
+        return await send
 
     # ------------------------------------------------------------------ streams
 
@@ -855,21 +937,32 @@ class Pipeline:
             upstreamError=failure.to_api(),
         )
 
-    def _route_headers(self, attempt: Attempt, progress: _Progress, targets: list[Target]) -> dict[str, str]:
+    def _route_headers(
+        self, attempt: Attempt, progress: _Progress, targets: list[Target]
+    ) -> tuple[dict[str, str], list[tuple[bytes, bytes]] | None]:
+        """The attempt's routing headers, and (when they are the connection's usual ones, without
+        fallbacks) the same encoded for an answer's header list. The usual ones are built once per
+        connection: nothing changes a route headers dict (answers copy it, or read it)."""
+        target = attempt.target
         skipped_before = 0
         for t in targets:
-            if t == attempt.target:
+            if t is target or t == target:
                 break
             if str(t) not in progress.attempted_targets:
                 skipped_before += 1
-        headers = {
-            "x-omniroute-selected-connection-id": attempt.connection.spec.id,
-            "x-omniroute-provider": attempt.provider.spec.id,
-        }
+        conn_id, provider_id = attempt.connection.spec.id, attempt.provider.spec.id
         fallbacks = progress.failed_attempts + skipped_before
+        if not fallbacks:
+            usual = self._usual_headers.get(conn_id)
+            if usual is not None and usual[0]["x-omniroute-provider"] == provider_id:
+                return usual
+        headers = {"x-omniroute-selected-connection-id": conn_id, "x-omniroute-provider": provider_id}
         if fallbacks:
             headers["x-omniroute-fallback-attempts"] = str(fallbacks)
-        return headers
+            return headers, None
+        usual = headers, [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        self._usual_headers[conn_id] = usual  # one per configured connection
+        return usual
 
     def _unavailable(self, decision: NoTarget, progress: _Progress, targets: list[Target]) -> Response:
         now = self.engine.clock.now()
@@ -923,6 +1016,80 @@ class Pipeline:
             "all_targets_unavailable",
             skipped=skipped,
         )
+
+
+class _Relayed(Response):
+    """An upstream's answer relayed whole: what `Response(body, status_code=..., media_type=...,
+    headers=...)` builds, with its header list written out directly instead of by
+    `Response.init_headers` (which lower-cases, encodes and scans them all again for every answer)."""
+
+    def __init__(
+        self, body: bytes, status: int, media_type: str, raw_headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.status_code = status
+        self.media_type = media_type
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+WHOLE_ANSWERS: tuple[type[Response], ...] = (Response, ErrorResponse, _Relayed)
+"""The answers whose `__call__` is Starlette's Response's: the start, then the whole body."""
+
+
+def _relayed(
+    body: bytes,
+    status: int,
+    media_type: str,
+    headers: dict[str, str],
+    encoded: list[tuple[bytes, bytes]] | None = None,
+) -> Response:
+    """The answer of a successful non-streaming attempt, with the route's `headers` (`encoded`: the
+    same as a header list, when the caller has it)."""
+    if media_type.startswith("text/") or status < 200 or status in (204, 304):
+        # Starlette's own rules (a charset for text, no length without a body): its Response.
+        return Response(body, status_code=status, media_type=media_type, headers=headers)
+    if encoded is None:
+        encoded = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    raw = [
+        *encoded,
+        (b"content-length", str(len(body)).encode()),
+        (b"content-type", media_type.encode("latin-1")),
+    ]
+    return _Relayed(body, status, media_type, raw)
+
+
+def _any_muted(targets: list[Target], mute: frozenset[str]) -> bool:
+    return any(t.provider in mute for t in targets)
+
+
+def _without_muted(
+    targets: list[Target], mute: frozenset[str], api: str
+) -> tuple[tuple[Skip, ...], list[Target]]:
+    """The targets whose provider speaks `api`, and a skip for each of the others."""
+    skips = tuple(
+        Skip(str(t), None, f"does not speak {api}", None, False) for t in targets if t.provider in mute
+    )
+    return skips, [t for t in targets if t.provider not in mute]
+
+
+def _none_speaks(model: str, api: str, skips: tuple[Skip, ...]) -> ErrorResponse:
+    why = "; ".join(f"{s.target}: {s.reason}" for s in skips)
+    return error_response(
+        404,
+        f"model {untrusted.echo(model)!r}: no target speaks the {api} API ({why})",
+        "model_not_found",
+        skipped=[s.to_dict(0) for s in skips],
+    )
+
+
+def _client_headers(headers: Mapping[bytes, bytes]) -> dict[str, str]:
+    """The client's own headers of a passed-through API (`anthropic-version`...)."""
+    return {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
 
 
 def _answer(
@@ -1205,55 +1372,107 @@ async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]
     scope then records a disconnect, which counts against no layer, and gives its places back.
     A stream, once its response is returned, is watched by the response itself.
 
-    The attempts run in this task; the watch (`_watch`) cancels it when the client leaves.
+    The attempts run in this task; the watch (`_ClientWatch`) cancels it when the client leaves.
     Cancelled, the attempts' scopes run their finally blocks before the cancellation reaches
-    here: slots and probe are back before the answer.
+    here: slots and probe are back before the answer. (`Pipeline.handle` does the same inline.)
     """
-    handler = asyncio.current_task()
-    assert handler is not None  # an ASGI app runs in a task
-    gone = False
-    answered = False
-
-    def leave() -> None:
-        nonlocal gone
-        # `answered`: the watch may end in the same turn of the loop as the attempts; the answer
-        # that is on its way then must not be cancelled.
-        if not answered:
-            gone = True
-            handler.cancel()
-
-    stop = _watch(request.receive, handler.get_loop(), leave)
+    watch = _ClientWatch(request.receive)
     try:
         return await work
     except asyncio.CancelledError:
-        # Ours (the client left), unless this handler was cancelled too (shutdown): then it goes on.
-        if gone and handler.uncancel() == 0:
+        if watch.left():
             return error_response(499, "the client went away before the answer", "client_disconnected")
         raise
     finally:
-        answered = True
-        stop()
+        watch.stop()
+
+
+class _ClientWatch:
+    """The watch on one request's client, started in the task that runs its attempts once its body
+    has been read: the task is cancelled when the client leaves, unless `stop` came first (the
+    answer is on its way: the watch may end in the same turn of the loop as the attempts).
+
+    The client has left when the next message the server has for us is `http.disconnect` (at the
+    latest when the response is complete). Any other message (nothing should come after the body)
+    ends the watch: the request then runs as if the client stayed.
+
+    Under uvicorn the watch waits on the server's own signal (`_cycle_of`): a future among the
+    cycle's `message_event` waiters (what `Event.wait` puts there) with this watch's callback,
+    which is what `receive()` waits for, without a task per request running the coroutine (its
+    creation, two steps and a cancellation thrown through two frames: about 4 % of a small
+    request's instructions). Under any other server it is `receive()` itself, run as a task
+    (`_watch_task`).
+    """
+
+    __slots__ = ("_answered", "_cycle", "_gone", "_handler", "_stop", "_waiter")
+
+    def __init__(self, receive: Receive) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None  # an ASGI app runs in a task
+        self._handler = handler
+        self._gone = False
+        self._answered = False
+        self._stop: Callable[[], None] | None = None
+        self._waiter: asyncio.Future[bool] | None = None
+        cycle = self._cycle = _cycle_of(receive)
+        if cycle is None:
+            self._stop = _watch_task(receive, handler.get_loop(), self._leave)
+            return
+        # As receive() does before it waits: a transport whose reading was paused (a body past
+        # uvicorn's high-water mark) would not see the client go.
+        flow = cycle.flow
+        if flow.read_paused:
+            flow.resume_reading()
+        waiter: asyncio.Future[bool] = handler.get_loop().create_future()
+        cycle.message_event._waiters.append(waiter)
+        waiter.add_done_callback(self._woken)
+        self._waiter = waiter
+
+    def _woken(self, waiter: asyncio.Future[bool]) -> None:
+        """The cycle's event was set: what receive() does when it wakes."""
+        cycle = self._cycle
+        if self._waiter is None or cycle is None:  # stopped while this callback was on its way
+            return
+        self._waiter = None
+        event = cycle.message_event
+        event._waiters.remove(waiter)  # what Event.wait does when woken
+        event.clear()
+        if cycle.disconnected or cycle.response_complete:
+            self._leave()
+
+    def _leave(self) -> None:
+        if not self._answered:
+            self._gone = True
+            self._handler.cancel()
+
+    def left(self) -> bool:
+        """Asked of a CancelledError: is it ours (the client left) and not also a shutdown's?"""
+        return self._gone and self._handler.uncancel() == 0
+
+    def stop(self) -> None:
+        self._answered = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and self._cycle is not None:
+            self._cycle.message_event._waiters.remove(waiter)
+            # The waiter never completes: its callback (which refers to this watch) must go, or
+            # the two would hold each other, the cycle and the request's task until the cyclic
+            # collector runs.
+            waiter.remove_done_callback(self._woken)
+        self._cycle = None
+        stop, self._stop = self._stop, None  # it refers back to this watch: no cycle is left behind
+        if stop is not None:
+            stop()
 
 
 _CYCLES: dict[type, bool] = {}
 """Type of a `receive` method's owner -> whether it is uvicorn's request cycle (`_cycle_of`)."""
 
 
-def _watch(
+def _watch_task(
     receive: Receive, loop: asyncio.AbstractEventLoop, leave: Callable[[], None]
 ) -> Callable[[], None]:
-    """Call `leave` when the client disconnects; the function returned stops the watch.
-
-    Called once the body has been read, when the next message the server has for us is
-    `http.disconnect` (at the latest when the response is complete). Any other message (nothing
-    should come after the body) ends the watch: the request then runs as if the client stayed.
-
-    Under uvicorn the watch waits on the server's own signal without a task of its own
-    (`_watch_cycle`); under any other server it is `receive()` itself, run as a task.
-    """
-    cycle = _cycle_of(receive)
-    if cycle is not None:
-        return _watch_cycle(cycle, loop, leave)
+    """Under a server other than uvicorn: call `leave` when `receive()` answers `http.disconnect`;
+    the function returned stops the watch."""
     received = receive()
     # Straight to the loop: `ensure_future` checks its argument's kind in Python first.
     watch: asyncio.Future[Message] = (
@@ -1277,12 +1496,12 @@ def _watch(
 
 
 def _cycle_of(receive: Receive) -> Any | None:
-    """uvicorn's request cycle behind `receive`, when it can be watched as `_watch_cycle` does:
+    """uvicorn's request cycle behind `receive`, when it can be watched as `_ClientWatch` does:
     nothing has arrived since the body (its event is clear) and the client is still there.
 
     uvicorn's `receive()` (httptools and h11 alike) resumes reading, waits for the cycle's
     `message_event`, clears it, and answers `http.disconnect` when the cycle is `disconnected`
-    or its response complete: `_watch_cycle` does the same with a future on that event. Should
+    or its response complete: `_ClientWatch` does the same with a future on that event. Should
     a uvicorn release change those names, this finds no cycle and the task watches instead.
     """
     cycle = getattr(receive, "__self__", None)
@@ -1291,74 +1510,48 @@ def _cycle_of(receive: Receive) -> Any | None:
     kind = type(cycle)
     known = _CYCLES.get(kind)
     if known is None:
-        known = _CYCLES[kind] = (
-            kind.__name__ == "RequestResponseCycle"
-            and kind.__module__.startswith("uvicorn.protocols.http.")
-            and all(
-                hasattr(cycle, name)
-                for name in ("message_event", "disconnected", "response_complete", "flow")
-            )
-            and isinstance(cycle.message_event, asyncio.Event)
-            and isinstance(getattr(cycle.message_event, "_waiters", None), collections.deque)
-            and callable(getattr(cycle.flow, "resume_reading", None))
-        )
+        known = _CYCLES[kind] = _watchable(cycle)
     if not known or cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete:
         return None
     return cycle
 
 
-def _watch_cycle(
-    cycle: Any, loop: asyncio.AbstractEventLoop, leave: Callable[[], None]
-) -> Callable[[], None]:
-    """`receive()`'s wait for a uvicorn cycle's next message, as a future among its event's waiters
-    (what `Event.wait` puts there) with a callback, instead of a task per request running the
-    coroutine (its creation, two steps and a cancellation thrown through two frames: about 4 % of
-    a small request's instructions)."""
-    # As receive() does before it waits: a transport whose reading was paused (a body past
-    # uvicorn's high-water mark) would not see the client go.
-    cycle.flow.resume_reading()
-    event: asyncio.Event = cycle.message_event
-    waiters: collections.deque[asyncio.Future[bool]] = event._waiters
-    waiter: asyncio.Future[bool] = loop.create_future()
-    waiters.append(waiter)
-    done = False  # the waiter is out of the event's waiters (woken, or the watch stopped)
-
-    def woken(_: asyncio.Future[bool]) -> None:
-        nonlocal done
-        if done:  # stopped while this callback was on its way
-            return
-        done = True
-        waiters.remove(waiter)  # what Event.wait does when woken
-        event.clear()
-        if cycle.disconnected or cycle.response_complete:
-            leave()
-
-    def stop() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            waiters.remove(waiter)
-        # The waiter never completes: its callback (which refers to it) must go, or the two would
-        # hold each other, the cycle and the request's task until the cyclic collector runs.
-        waiter.remove_done_callback(woken)
-
-    waiter.add_done_callback(woken)
-    return stop
+def _watchable(cycle: Any) -> bool:
+    """Is `cycle` a uvicorn request cycle with everything `_ClientWatch` reads? (Asked once per type.)"""
+    kind = type(cycle)
+    return (
+        kind.__name__ == "RequestResponseCycle"
+        and kind.__module__.startswith("uvicorn.protocols.http.")
+        and all(
+            hasattr(cycle, name) for name in ("message_event", "disconnected", "response_complete", "flow")
+        )
+        and isinstance(cycle.message_event, asyncio.Event)
+        and isinstance(getattr(cycle.message_event, "_waiters", None), collections.deque)
+        and callable(getattr(cycle.flow, "resume_reading", None))
+        and isinstance(getattr(cycle.flow, "read_paused", None), bool)
+    )
 
 
 def _header_map(request: Request) -> dict[bytes, bytes]:
     """The request's headers by (lower-case) name, the first of repeated ones, as Starlette's
     `request.headers.get` reads them: one dict built in C, where each `request.headers` lookup
-    scans the list in Python (and a miss raises and catches a KeyError)."""
-    raw = request.scope["headers"]
+    scans the list in Python (and a miss raises and catches a KeyError). The Guard in front has
+    built it already (HEADERS_KEY); nothing changes it."""
+    scope = request.scope
+    found = scope.get(HEADERS_KEY)
+    if found is not None:
+        return cast(dict[bytes, bytes], found)
+    raw = scope["headers"]
     return dict(reversed(raw if isinstance(raw, list) else list(raw)))
 
 
-async def _read_body(request: Request, headers: Mapping[bytes, bytes] | None = None) -> bytes:
+async def _read_body(
+    request: Request, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
+) -> bytes:
     """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
     does, without an async generator per request. `headers`: the request's `_header_map`, when
-    the caller has it."""
+    the caller has it; `first`: the first message, when the caller has received it."""
     length = (headers if headers is not None else _header_map(request)).get(b"content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
@@ -1366,7 +1559,10 @@ async def _read_body(request: Request, headers: Mapping[bytes, bytes] | None = N
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        if first is not None:
+            message, first = first, None
+        else:
+            message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect
         chunk = message.get("body", b"")

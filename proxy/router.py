@@ -24,6 +24,7 @@ from proxy.engine import Engine, Target
 
 MODEL_LIST_TTL_S = 60.0
 MODEL_LIST_TIMEOUT_MS = 2000.0
+_TARGETS_CACHED = 1024
 
 ListModels = Callable[[str], Awaitable[list[str] | None]]
 """Fetch one provider's model ids (None when it does not answer)."""
@@ -44,6 +45,9 @@ class Router:
         """provider -> (engine-clock ms of the fetch, model ids)"""
         self._fetching: dict[str, asyncio.Task[list[str]]] = {}
         """provider -> the one fetch of its list in flight"""
+        self._targets: dict[str, Route] = {}
+        """`provider/model` -> its route (the config does not change while it runs; nobody changes a
+        route's targets). At most _TARGETS_CACHED names: a client cannot grow it."""
         self._combo_targets = {
             name: [_parse_target(t) for t in combo.targets] for name, combo in config.combos.items()
         }
@@ -58,28 +62,43 @@ class Router:
                 route = self._resolve_static(self.config.server.default_combo)
         if route is None:
             return None
-        if pinned_connection is not None:
-            conn = self.config.connection(pinned_connection)
-            if conn is None:
-                return Route([], route.combo)
-            route = Route(
-                [
-                    Target(t.provider, t.model, pinned_connection)
-                    for t in route.targets
-                    if t.provider == conn.provider
-                ],
-                route.combo,
-            )
-        return route
+        return self._pinned(route, pinned_connection) if pinned_connection is not None else route
+
+    def known(self, model: str, pinned_connection: str | None = None) -> Route | None:
+        """`resolve`'s answer when it needs no upstream's model list (a combo, or `provider/model`),
+        without a coroutine; None when it would need one (then `resolve` decides)."""
+        route = self._resolve_static(model)
+        if route is None or pinned_connection is None:
+            return route
+        return self._pinned(route, pinned_connection)
+
+    def _pinned(self, route: Route, pinned_connection: str) -> Route:
+        conn = self.config.connection(pinned_connection)
+        if conn is None:
+            return Route([], route.combo)
+        return Route(
+            [
+                Target(t.provider, t.model, pinned_connection)
+                for t in route.targets
+                if t.provider == conn.provider
+            ],
+            route.combo,
+        )
 
     def _resolve_static(self, model: str) -> Route | None:
         combo = self.config.combos.get(model)
         if combo is not None:
             targets = self.engine.order_targets(combo.name, combo.strategy, self._combo_targets[combo.name])
             return Route(targets, combo.name)
+        route = self._targets.get(model)
+        if route is not None:
+            return route
         provider, sep, bare = model.partition("/")
         if sep and bare and provider in self.config.providers:
-            return Route([Target(provider, bare)])
+            route = Route([Target(provider, bare)])
+            if len(self._targets) < _TARGETS_CACHED:
+                self._targets[model] = route
+            return route
         return None
 
     async def _provider_listing(self, model: str) -> str | None:

@@ -313,20 +313,26 @@ class Settings:
     def cooldown_policy(self, cls: ProviderClass) -> CooldownPolicy:
         return self._policy(COOLDOWN[cls])
 
+    # The views read for every request look their cached view up first, in one call.
+
     def lockout(self) -> LockoutSettings:
-        return self._policy(LOCKOUT)
+        found = self._version.views.get(LOCKOUT.prefix)
+        return cast("LockoutSettings", found) if found is not None else self._policy(LOCKOUT)
 
     def queue(self) -> QueueSettings:
-        return self._policy(QUEUE)
+        found = self._version.views.get(QUEUE.prefix)
+        return cast("QueueSettings", found) if found is not None else self._policy(QUEUE)
 
     def watchdog(self) -> WatchdogSettings:
-        return self._policy(WATCHDOG)
+        found = self._version.views.get(WATCHDOG.prefix)
+        return cast("WatchdogSettings", found) if found is not None else self._policy(WATCHDOG)
 
     def combo_wait(self) -> ComboWaitSettings:
         return self._policy(COMBO_WAIT)
 
     def quota_share(self) -> QuotaShareSettings:
-        return self._policy(QUOTA_SHARE)
+        found = self._version.views.get(QUOTA_SHARE.prefix)
+        return cast("QuotaShareSettings", found) if found is not None else self._policy(QUOTA_SHARE)
 
     def _policy(self, section: PolicySection[_P]) -> _P:
         return self._view(section.prefix, section.view)

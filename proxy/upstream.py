@@ -13,11 +13,13 @@ import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import aiohttp
 
 from proxy.resilience.outcome import Outcome
 
+_PLAIN_HEADERS_CACHED = 64
 MAX_ERROR_BODY = 1024 * 1024
 """An upstream's error body is relayed whole up to this size; a gateway that answers an error
 with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
@@ -157,6 +159,10 @@ class UpstreamClient:
         self.timeouts = timeouts or Timeouts()
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
+        self._deadlines: _Deadlines | None = None
+        """The first-byte deadlines of the requests in flight (on the loop they are sent from)."""
+        self._plain_headers: dict[str | None, Mapping[str, str]] = {}
+        """API key -> the request headers of a provider without headers or credentials of its own."""
 
     async def start(self) -> None:
         if self._session is None:
@@ -194,35 +200,44 @@ class UpstreamClient:
         if self._session is None:
             await self.start()
         assert self._session is not None
-        headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
-        if extra_headers:
-            headers.update(extra_headers)
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        if credentials:
-            headers.update(credentials)
+        headers: Mapping[str, str] | None = None
+        if not extra_headers and not credentials:
+            # The same few header sets every time (one per key): built once, read-only.
+            headers = self._plain_headers.get(api_key)
+        if headers is None:
+            built = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+            if extra_headers:
+                built.update(extra_headers)
+            if api_key:
+                built["authorization"] = f"Bearer {api_key}"
+            if credentials:
+                built.update(credentials)
+            headers = built
+            if not extra_headers and not credentials and len(self._plain_headers) < _PLAIN_HEADERS_CACHED:
+                headers = self._plain_headers[api_key] = MappingProxyType(built)
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
-        # The first-byte deadline as a bare timer that cancels this task, rather than an
-        # `asyncio.timeout` context (an object, a reschedule and an exit check per request, in
-        # Python). The same rules: a cancellation is ours only when our timer fired and nobody
-        # else cancelled the task too (`uncancel`, as `asyncio.timeout` decides), and the timer
-        # cannot fire after the `finally`.
-        task = asyncio.current_task()
+        # The first-byte deadline cancels this task when it passes, as an `asyncio.timeout` context
+        # would (without its object, reschedule and exit check per request, in Python), and
+        # behind one loop timer for every request in flight (`_Deadlines`) rather than a timer of
+        # its own (a libuv timer started, stopped and closed per request). The same rules: a
+        # cancellation is ours only when our deadline passed and nobody else cancelled the task
+        # too (`uncancel`, as `asyncio.timeout` decides), and it cannot pass after the `finally`.
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None  # a request is sent from a task
-        loop = task.get_loop()
         cancelling = task.cancelling()
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = loop.call_at(loop.time() + limit, expire)
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = _Deadlines(loop)
+        # (`_Deadlines.add`, inline: once per request)
+        deadline = loop.time() + limit
+        deadlines.pending[task] = deadline
+        if deadlines.timer is None or deadline < deadlines.at:
+            deadlines.arm(deadline)
         try:
             response = await self._session.request(method, url, data=body, headers=headers)
         except asyncio.CancelledError as exc:
-            if expired and task.uncancel() <= cancelling:
+            if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
             raise
         except TimeoutError as exc:  # aiohttp's own (sock_connect, sock_read): the same words as ours
@@ -230,9 +245,49 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
         finally:
-            timer.cancel()
+            if deadlines.pending.pop(task, None) is None:  # (`_Deadlines.discard`, inline)
+                deadlines.passed_tasks.discard(task)
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000)
+
+
+class _Deadlines:
+    """Tasks to cancel when their deadline (loop time) passes, behind one loop timer.
+
+    A task's deadline goes into `pending`, and the timer is set (`arm`) for it when it is the
+    earliest. When the timer fires, every task whose deadline has passed is cancelled and moves to
+    `passed_tasks`, and the timer is set again for the earliest one left. A task done with its
+    deadline leaves `pending` (or `passed_tasks`): with every request given the same limit, the
+    timer fires about once a limit, not once a request. (`UpstreamClient.send` reads and writes
+    the tables itself: it is the one user, once per request.)
+    """
+
+    __slots__ = ("at", "loop", "passed_tasks", "pending", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[asyncio.Task[object], float] = {}
+        self.passed_tasks: set[asyncio.Task[object]] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.at = 0.0
+        """When the timer fires (loop time)."""
+
+    def arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.at = when
+        self.timer = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        due = [task for task, deadline in self.pending.items() if deadline <= now]
+        for task in due:
+            del self.pending[task]
+            self.passed_tasks.add(task)
+            task.cancel()
+        if self.pending:
+            self.arm(min(self.pending.values()))
 
 
 def _network_outcome(exc: BaseException) -> Outcome:

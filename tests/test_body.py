@@ -56,6 +56,22 @@ def sent(raw: bytes, model: str = "m-up") -> bytes:
             id="nested-keys-untouched",
         ),
         pytest.param(
+            b'{"model":"p/m","messages":[],"max_tokens":1}',
+            b'{"messages":[],"max_tokens":1, "model": "m-up"}',
+            id="compact-first-goes-last",
+        ),
+        pytest.param(
+            b'{"model":"p/m","x":1,"model":"p/m"}',
+            b'{"x":1,"model":"p/m", "model": "m-up"}',
+            id="compact-first-repeated",
+        ),
+        pytest.param(
+            b'{"model":"p\\/m","x":1}',
+            b'{"x":1, "model": "m-up"}',
+            id="compact-first-escaped",
+        ),
+        pytest.param(b'{"model":"p/m", "x":1}', b'{"x":1, "model": "m-up"}', id="compact-first-then-space"),
+        pytest.param(
             b'{"model": "p/m", "k": "\\", \\"model\\": \\"p/m"}',
             b'{"k": "\\", \\"model\\": \\"p/m", "model": "m-up"}',
             id="a-string-that-looks-like-the-member",
@@ -178,6 +194,25 @@ def test_any_body_reads_as_the_clients_with_the_attempts_model(
         return  # a lone surrogate written raw is not UTF-8: the proxy answers 400
     if not isinstance(document.get("model"), str):
         return  # the last `model` the client repeated is not a name: the proxy answers 400
+    out = RequestBody(raw, document, exact=exact).for_model("up/m")
+    expected = {k: v for k, v in json.loads(raw).items() if k != "model"}
+    assert json.loads(out) == {**expected, "model": "up/m"}
+
+
+@given(
+    members=st.lists(
+        st.tuples(st.sampled_from(["a", "messages", "model"]) | st.text(), json_values), max_size=4
+    ),
+    model=st.text(min_size=1),
+)
+def test_a_compact_body_with_the_model_first_reads_with_the_attempts_model(
+    members: list[tuple[str, object]], model: str
+) -> None:
+    # The spelling of the JavaScript SDKs and most agents: no spaces, `model` first.
+    raw = json.dumps(dict([("model", model), *members]), separators=(",", ":")).encode()
+    document, exact = parse(raw)
+    if not isinstance(document.get("model"), str):
+        return
     out = RequestBody(raw, document, exact=exact).for_model("up/m")
     expected = {k: v for k, v in json.loads(raw).items() if k != "model"}
     assert json.loads(out) == {**expected, "model": "up/m"}

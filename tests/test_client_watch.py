@@ -1,6 +1,6 @@
 """The watch that ends a request's work when its client leaves (`proxy.pipeline._while_connected`).
 
-Under uvicorn it waits on the server's own signal (`_watch_cycle`), under any other server it runs
+Under uvicorn it waits on the server's own signal (`_ClientWatch`), under any other server it runs
 `receive()` as a task: both must end the work when the client goes, and neither when it stays.
 The integration tests (tests/integration/test_disconnect.py) leave at every await under uvicorn;
 these pin the two ways down one by one.

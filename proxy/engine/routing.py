@@ -22,6 +22,9 @@ from proxy.resilience.lockout import NOT_FOUND
 PROBE_RECOVERY_ESTIMATE_MS = 1000.0
 
 
+_REJECT, _PROBE = Admission.REJECT, Admission.PROBE  # (read once: see proxy.engine.outcomes)
+
+
 class Routing(EnginePart):
     def __init__(self, layers: Layers) -> None:
         super().__init__(layers)
@@ -95,11 +98,11 @@ class Routing(EnginePart):
             if best is None:
                 continue
             admission = breaker.admit(now)
-            if admission is Admission.REJECT:
+            if admission is _REJECT:
                 continue
             best.in_flight += 1
             best.last_used = now
-            if admission is Admission.PROBE:
+            if admission is _PROBE:
                 return Attempt(target, provider, best, True, now, best is pinned, breaker.probe_ticket)
             return Attempt(target, provider, best, False, now, best is pinned)
         return NoTarget(tuple(self._explain(targets, tried_set or set(), now)))
@@ -158,14 +161,17 @@ class Routing(EnginePart):
     def limiter_for(self, conn: ConnectionRuntime, provider: ProviderRuntime) -> RequestLimiter | None:
         """The request-queue limiter of a connection, if the limiter applies to it
         (docs/resilience.md#request-queue)."""
-        queue = self.settings.queue()
         enabled = provider.spec.rate_limit
         if enabled is None:
-            enabled = queue.auto_enable_api_key_providers and provider.spec.provider_class == "apikey"
+            # The class first: a provider of another class needs no look at the settings.
+            enabled = (
+                provider.spec.provider_class == "apikey"
+                and self.settings.queue().auto_enable_api_key_providers
+            )
         if not enabled:
             return None
         if conn.limiter is None:
-            conn.limiter = RequestLimiter(queue, self.clock)
+            conn.limiter = RequestLimiter(self.settings.queue(), self.clock)
         return conn.limiter
 
     def still_eligible(self, attempt: Attempt) -> bool:

@@ -89,6 +89,7 @@ _CLOSED = BreakerState.CLOSED
 _DEGRADED = BreakerState.DEGRADED
 _OPEN = BreakerState.OPEN
 _HALF_OPEN = BreakerState.HALF_OPEN
+_ALLOW, _PROBE, _REJECT = Admission.ALLOW, Admission.PROBE, Admission.REJECT
 
 
 def _no_emit(event: Event) -> None:
@@ -160,6 +161,9 @@ class CircuitBreaker:
         return self._state
 
     def can_execute(self, now: float) -> bool:
+        state = self._state
+        if state is _CLOSED or state is _DEGRADED:  # (nothing for state() to move on: the usual case)
+            return True
         state = self.state(now)
         if state is _HALF_OPEN:
             return self._probe_slot_free(now)
@@ -178,38 +182,43 @@ class CircuitBreaker:
     def admit(self, now: float) -> Admission:
         state = self._state
         if state is _CLOSED or state is _DEGRADED:
-            return Admission.ALLOW
+            return _ALLOW
         if state is _OPEN:
             if now < self._open_until:
-                return Admission.REJECT
+                return _REJECT
             self._transition(now, _HALF_OPEN, "timeout_elapsed")
         if self._probe_slot_free(now):
             self._probe_tickets += 1
             self._probe_owner = self._probe_tickets
             self._probe_until = now + self.probe_timeout_ms
-            return Admission.PROBE
-        return Admission.REJECT
+            return _PROBE
+        return _REJECT
 
     @property
     def probe_ticket(self) -> int:
         """The ticket of the probe `admit()` just let in (0 when no probe holds the slot)."""
         return self._probe_owner if self._probe_until is not None else 0
 
-    def record_success(self, now: float, *, probe: int = 0) -> None:
-        """`probe`: the ticket of the request if it was admitted as the probe, else 0."""
+    def record_success(self, now: float, *, probe: int = 0) -> bool:
+        """`probe`: the ticket of the request if it was admitted as the probe, else 0. Returns
+        whether the breaker changed (a success on a closed breaker without failures does not)."""
         state = self._state
         if state is _CLOSED or state is _DEGRADED:
             if self.failure_count > 0:
                 self.failure_count -= 1
                 self._follow_count(now, "recovered")
-        elif self._owns_probe(probe):
+                return True
+            return False
+        if self._owns_probe(probe):
             self.failure_count = 0
             self.open_cycle_count = 0
             self.opened_at = None
             self._free_probe()
             self._transition(now, _CLOSED, "probe_succeeded")
+            return True
         # Otherwise a late answer of a request sent before the breaker opened, or of a probe that
         # lost its slot: it says nothing about the provider now, so it must not close the breaker.
+        return False
 
     def record_failure(self, now: float, *, probe: int = 0) -> None:
         state = self._state

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import Final
 
 from proxy.resilience.lockout import NOT_FOUND, LockoutSettings
 from proxy.resilience.outcome import Outcome, OutcomeKind
@@ -151,6 +152,8 @@ def _pair(
 
 # Verdicts are immutable, so each row is built once and classify() only picks one.
 _OK = Verdict(_B.SUCCESS, _C.CLEAR, _L.DECAY, False, "ok", False)
+SUCCESS: Final = _OK
+"""The verdict on every 2xx answer (`classify` reads no setting for it)."""
 _NETWORK = _pair(_B.FAILURE, _C.COOLDOWN, "network_error")
 _STALL = _pair(_B.FAILURE, _C.COOLDOWN, "stall")
 _TIMEOUT = _pair(_B.FAILURE, _C.COOLDOWN, "timeout")

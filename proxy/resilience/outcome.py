@@ -24,6 +24,10 @@ class OutcomeKind(Enum):
     """Our own queue refused or timed the request out; says nothing about the upstream."""
 
 
+_STATUS = OutcomeKind.STATUS
+"""(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     kind: OutcomeKind
@@ -37,7 +41,14 @@ class Outcome:
 
     @classmethod
     def ok(cls, status: int = 200) -> Outcome:
-        return cls(OutcomeKind.STATUS, status)
+        # One per status: an Outcome is immutable, and every successful attempt records one (a
+        # frozen dataclass sets each field through object.__setattr__, in Python).
+        found = _OK.get(status) if cls is Outcome else None
+        if found is None:
+            found = cls(OutcomeKind.STATUS, status)
+            if cls is Outcome and 200 <= status < 300:
+                _OK[status] = found
+        return found
 
     @classmethod
     def http(cls, status: int, body: str = "", headers: Mapping[str, str] | None = None) -> Outcome:
@@ -61,4 +72,8 @@ class Outcome:
 
     @property
     def is_success(self) -> bool:
-        return self.kind is OutcomeKind.STATUS and self.status is not None and 200 <= self.status < 300
+        return self.kind is _STATUS and self.status is not None and 200 <= self.status < 300
+
+
+_OK: dict[int, Outcome] = {}
+"""Outcome.ok's answers, by status (2xx only: a handful)."""
