@@ -196,10 +196,7 @@ class TrafficStats:
         self.unrouted[key] = self.unrouted.get(key, 0) + 1
 
     def report(self, window: str, now: float) -> StatsReport:
-        w = _WINDOW_INDEX[window]
-        bucket = int(now // BUCKET_MS)
-        since = bucket - _SPANS[w]  # the window holds buckets (since, bucket]
-        rows = {c: s.window(w, bucket) for c, s in self.connections.items() if s.latest > since}
+        rows = self._served(_WINDOW_INDEX[window], int(now // BUCKET_MS))
         return StatsReport(
             window,
             {
@@ -216,10 +213,16 @@ class TrafficStats:
         bucket = int(now // BUCKET_MS)
         out: dict[str, dict[str, list[float]]] = {}
         for name, w in _WINDOW_INDEX.items():
-            since = bucket - _SPANS[w]  # idle through the window: nothing to publish (see report)
-            rows = {c: list(s.window(w, bucket)) for c, s in self.connections.items() if s.latest > since}
-            out[name] = {c: row for c, row in rows.items() if any(row)}
+            rows = self._served(w, bucket)
+            out[name] = {c: list(row) for c, row in rows.items() if any(row)}
         return out
+
+    def _served(self, w: int, bucket: int) -> dict[str, list[float]]:
+        """Window `w`'s totals as of `bucket` of the connections that served a request in it (a
+        series' own list may be among them: not to be changed). The others are idle, which their
+        latest request's bucket says without summing: most connections of a large config are."""
+        since = bucket - _SPANS[w]  # the window holds buckets (since, bucket]
+        return {c: s.window(w, bucket) for c, s in self.connections.items() if s.latest > since}
 
     def by_status(self) -> dict[tuple[str, str, int], int]:
         """Finished requests per (provider, connection, status) since the start (for /metrics)."""
