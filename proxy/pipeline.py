@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -546,8 +545,8 @@ class Pipeline:
                 if len(self._media) < _MEDIA_CACHED:
                     self._media[content_type] = media
             claims_json, media_type = media
-            parsed = _parsed(content) if claims_json else _NOT_JSON
-            garbled = claims_json and parsed is _NOT_JSON
+            parsed = untrusted.read_answer(content) if claims_json else untrusted.NOT_JSON
+            garbled = claims_json and parsed is untrusted.NOT_JSON
             if garbled:
                 # A cut-off or garbled answer (a proxy's HTML page labelled JSON, a body that broke
                 # off) is no success: the client could not use it, so the next candidate is tried.
@@ -1156,21 +1155,6 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-_NOT_JSON = object()
-
-
-def _parsed(content: bytes) -> object:
-    """The JSON document an answer holds, read as the clients' own libraries read it (NaN and
-    Infinity, as Python's json writes them, included), or _NOT_JSON. orjson first: it is fast
-    and refuses only what the standard parser may still read."""
-    try:
-        return orjson.loads(content)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(content)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return _NOT_JSON
 
 
 # -- the request trail's ends ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ the measure is shown to tell them apart. Nothing here is timed.
 from __future__ import annotations
 
 import json
+import math
 import random
 import tracemalloc
 
@@ -123,6 +124,16 @@ def test_json_object_of_a_chat_chunk_and_what_is_not_one() -> None:
     for data in ("[DONE]", "[1, 2]", "not json", "", '"text"'):
         assert SSEEvent(data).json_object() is None
     assert SSEEvent("", oversize=True).json_object() is None
+
+
+def test_an_event_is_read_as_the_clients_libraries_read_it() -> None:
+    """orjson reads events first (the relay reads every one it passes on); what it refuses and the
+    standard parser still reads, as the clients' own libraries do, is still an object."""
+    assert math.isnan(SSEEvent('{"x": NaN}').json_object()["x"])  # type: ignore[index]
+    assert SSEEvent('{"x": -Infinity}').json_object() == {"x": float("-inf")}
+    assert SSEEvent('{"usage": {"total_tokens": 12}}').json_object() == {"usage": {"total_tokens": 12}}
+    assert SSEEvent("[" * 100_000 + "]" * 100_000).json_object() is None  # deeper than either goes
+    assert SSEEvent('{"x": 1').json_object() is None
 
 
 # -- the bound --------------------------------------------------------------------------------------
