@@ -465,7 +465,7 @@ async def stream_bench(
     import aiohttp
 
     results: dict[str, dict[str, list[StreamRun]]] = {"fast": {}, "pause": {}}
-    kinds = [("fast", "", runs, 3), ("pause", "-pause", 5, 1)] if pause else [("fast", "", runs, 3)]
+    kinds = [("fast", "", runs, WARM["fast"]), ("pause", "-pause", 5, WARM["pause"])][: 2 if pause else 1]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         for kind, model_suffix, count, warm in kinds:
             for name in targets:
@@ -669,7 +669,21 @@ def rejection_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
         report.bar(name, bar, f"{p99:.1f} ms (no rejected request waits a pacing turn)", p99 < PACING_MS)
 
 
-def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]]) -> None:
+WARM = {"fast": 3, "pause": 1}
+"""Streams of each kind read first and left out of the figures."""
+
+
+def relay_cpu(results: dict[str, dict[str, list[StreamRun]]], cpu: float) -> str:
+    """The proxy's CPU per event it relayed, `cpu` seconds over every stream it carried (the warm-up
+    ones included; cpu_seconds counts in clock ticks, so this is coarse for a short run)."""
+    streams = sum(
+        len(runs["omniroute"]) + WARM[kind] for kind, runs in results.items() if "omniroute" in runs
+    )
+    events = streams * STREAM_CHUNKS
+    return f"the proxy's CPU per relayed event: {cpu / max(events, 1) * 1e6:.1f} us ({cpu:.2f} s over {streams} streams)"
+
+
+def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]], cpu: float) -> None:
     fast, pause = results["fast"], results["pause"]
     report.line()
     report.line(f"streaming: {STREAM_CHUNKS:,}-event SSE, {len(fast['direct'])} streams each, medians")
@@ -688,6 +702,7 @@ def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]
         f" including the client's parsing of what came with it; ttfb(pause): the stream that pauses\n"
         f" {PAUSE_MS:.0f} ms after its first event, the one that shows buffering)"
     )
+    report.line(relay_cpu(results, cpu))
     expected = STREAM_CHUNKS + 1  # the events and [DONE]
     complete = all(r.events == expected for runs in fast.values() for r in runs)
     if not complete:
@@ -715,7 +730,7 @@ def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]
     )
 
 
-def messages_section(report: Report, results: dict[str, dict[str, list[StreamRun]]]) -> None:
+def messages_section(report: Report, results: dict[str, dict[str, list[StreamRun]]], cpu: float) -> None:
     fast = results["fast"]
     report.line()
     report.line(
@@ -728,6 +743,7 @@ def messages_section(report: Report, results: dict[str, dict[str, list[StreamRun
             f"{name:<10} {'/'.join(map(str, sorted(events))):>7} {median([r.rate for r in runs]):>10.0f} "
             f"{median([r.body_ms for r in runs]):>8.2f} {median([r.ttfb_ms for r in runs]):>8.3f}"
         )
+    report.line(relay_cpu(results, cpu))
     expected = STREAM_CHUNKS + MESSAGES_EXTRA_EVENTS
     complete = all(r.events == expected for runs in fast.values() for r in runs)
     if not complete:
@@ -920,8 +936,16 @@ def main(argv: list[str] | None = None) -> int:
                     "omniroute": (f"http://127.0.0.1:{OMNI_PORT}/v1/messages", "sse/bench-model"),
                 }
                 try:
-                    stream_section(report, run_async(stream_bench(paths, args.stream_runs)))
-                    messages_section(report, run_async(stream_bench(messages, args.stream_runs, pause=False)))
+                    # The proxy's CPU per relayed event: what the relay costs the process, which
+                    # the machine's load moves far less than it moves a rate.
+                    omni_session = procs.session("omniroute")
+                    before = cpu_seconds(omni_session)
+                    results = run_async(stream_bench(paths, args.stream_runs))
+                    cpu = cpu_seconds(omni_session) - before
+                    stream_section(report, results, cpu)
+                    before = cpu_seconds(omni_session)
+                    results = run_async(stream_bench(messages, args.stream_runs, pause=False))
+                    messages_section(report, results, cpu_seconds(omni_session) - before)
                 except Exception as exc:
                     print(f"streaming benchmark failed: {exc!r}", file=sys.stderr)
                     failed = True
