@@ -557,12 +557,12 @@ class FleetState:
                 break
             ok, current_version, rest = await self._write(job.kind, job.ident, version, new, shipped)
             if ok:
-                self._cache[slot] = (new, int(current_version))
+                newest = self._newest(slot, new, int(current_version))
                 if self._pending.get(slot, 0) <= 1:
-                    self._adopt(job.kind, job.ident, new)
+                    self._adopt(job.kind, job.ident, newest)
                 break
             # Another replica moved this record first: decide again on what it wrote.
-            self._cache[slot] = (json.loads(rest) if rest else None, int(current_version))
+            self._newest(slot, json.loads(rest) if rest else None, int(current_version))
         else:
             log.warning("fleet: gave up sharing %s after %d conflicts", slot, MAX_REPLAYS)
         if job.lease:
@@ -667,6 +667,20 @@ class FleetState:
             entry = obj.get(*triple_of(ident))
             return None if entry is None else _plain(entry.to_record())
         return _plain(obj.to_record())
+
+    def _newest(
+        self, slot: tuple[str, str], record: dict[str, Any] | None, version: int
+    ) -> dict[str, Any] | None:
+        """Take a record read or written at `version` into the cache, unless the cache already holds
+        a later one, and return the newest record known. A reply is heard after an await: by then
+        the feed may have brought another replica's later write (adopting nothing while this
+        replica had the record's job pending), and taking the reply as the newest would set this
+        replica back for good, since the feed never brings that write again."""
+        cached = self._cache.get(slot)
+        if cached is not None and cached[1] > version:
+            return cached[0]
+        self._cache[slot] = (record, version)
+        return record
 
     def _adopt(self, kind: str, ident: str, record: Mapping[str, Any] | None) -> None:
         """Take a shared record into this replica's memory tier (no events: the feed brings them)."""
@@ -839,20 +853,17 @@ class FleetState:
             remote = json.loads(text) if text else None
             if slot not in dirty and version > 0:
                 # Unchanged here while away: the fleet's record is the truth.
-                self._cache[slot] = (remote, version)
-                self._adopt(kind, ident, remote)
+                self._adopt(kind, ident, self._newest(slot, remote, version))
                 return 0
             merged = MERGES[kind](local, remote)
             if kind == "l" and merged is not None and float(merged["expires_at"]) <= self._clock.now():
                 merged = remote if remote is not None else None
             if merged == remote:
-                self._cache[slot] = (remote, version)
-                self._adopt(kind, ident, remote)
+                self._adopt(kind, ident, self._newest(slot, remote, version))
                 return 0
             ok, new_version, _ = await self._write(kind, ident, version, merged, [])
             if ok:
-                self._cache[slot] = (merged, new_version)
-                self._adopt(kind, ident, merged)
+                self._adopt(kind, ident, self._newest(slot, merged, new_version))
                 return 1
         return 0
 

@@ -1,0 +1,111 @@
+"""A replica's own write can be overtaken before its worker hears the reply: another replica writes
+a newer version of the same record, and the change feed brings it first. The replica must end on
+the newest record, in its cache and in its memory tier, not on its own older one.
+
+Found by tests/fleet/test_overlap.py under load (one run in six while other work ran): replica A's
+worker wrote a 60 s cooldown as version n, replica B replayed its 300 s hint on it as n + 1, A's
+feed delivered both entries while A's write still awaited its reply (so it adopted neither: A had
+the job pending), and then A took its own version n as the newest and kept a 60 s cooldown that
+the fleet had replaced. Here the overtaking is arranged, not waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.config import load_config
+from proxy.engine import Attempt, Target
+from proxy.fleet.backend import FleetState
+from proxy.resilience.clock import FakeClock
+from proxy.resilience.outcome import Outcome
+from proxy.runtime import Runtime
+from tests.fleet.conftest import REDIS_URL, require_redis
+from tests.fleet.test_overlap import CONFIG
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[asyncio.AbstractEventLoop, list[Runtime], Any, str]]:
+    redis = require_redis()
+    prefix = f"omniroute-test:{uuid.uuid4().hex[:10]}:"
+    clock = FakeClock()
+    loop = asyncio.new_event_loop()
+    runtimes = []
+    for port in (1, 2):
+        path = tmp_path / f"r{port}.toml"
+        path.write_text(CONFIG.format(port=port, url=REDIS_URL, prefix=prefix))
+        runtime = Runtime.open(load_config(path, {}, explicit=True), None, clock=clock, env={})
+        loop.run_until_complete(runtime.start())
+        runtimes.append(runtime)
+    try:
+        yield loop, runtimes, redis, prefix
+    finally:
+        for runtime in runtimes:
+            loop.run_until_complete(runtime.stop())
+        loop.close()
+        keys = list(redis.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            redis.delete(*keys)
+
+
+def fleet_of(runtime: Runtime) -> FleetState:
+    assert isinstance(runtime.fleet, FleetState)
+    return runtime.fleet
+
+
+async def caught_up(runtimes: list[Runtime], redis: Any, prefix: str) -> None:
+    """Every worker idle and every feed at the stream's last entry."""
+    for runtime in runtimes:
+        await fleet_of(runtime)._jobs.join()  # type: ignore[union-attr]
+    last = redis.xrevrange(f"{prefix}feed", count=1)
+    target = last[0][0] if last else "0-0"
+    for _ in range(2000):
+        if all(fleet_of(rt)._feed_from == target for rt in runtimes):
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the feeds did not catch up")
+
+
+def a_429(runtime: Runtime, retry_after_s: int) -> tuple[Attempt, Outcome]:
+    decision = runtime.engine.select([Target("keys", "m1")])
+    assert isinstance(decision, Attempt), decision
+    return decision, Outcome.http(429, "slow down", {"retry-after": str(retry_after_s)})
+
+
+def test_a_write_overtaken_by_the_feed_leaves_the_newest_record(
+    fleet: tuple[asyncio.AbstractEventLoop, list[Runtime], Any, str],
+) -> None:
+    loop, (a, b), redis, prefix = fleet
+    later = a_429(b, 300)  # selected before key-1 cools anywhere
+    fleet_a = fleet_of(a)
+    written = fleet_a._write
+
+    async def overtaken(*args: Any) -> tuple[int, int, str]:
+        result = await written(*args)
+        # Before A's worker goes on: B records its later hint (a replay on A's version), and A's
+        # feed brings both entries.
+        b.engine.record(*later)
+        await caught_up([b], redis, prefix)
+        last = redis.xrevrange(f"{prefix}feed", count=1)[0][0]
+        while fleet_a._feed_from != last:
+            await asyncio.sleep(0.001)
+        return result
+
+    fleet_a._write = overtaken  # type: ignore[method-assign]
+    a.engine.record(*a_429(a, 60))
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+    fleet_a._write = written  # type: ignore[method-assign]
+
+    shared = json.loads(redis.hget(f"{prefix}c:key-1", "r"))
+    version = int(redis.hget(f"{prefix}c:key-1", "v"))
+    now = a.engine.clock.now()
+    assert shared["rate_limited_until"] == pytest.approx(now + 300_000)  # the later hint won
+    assert fleet_a._cache[("c", "key-1")] == (shared, version)
+    for runtime in (a, b):
+        assert runtime.engine.connections["key-1"].health.to_record() == shared
