@@ -172,6 +172,7 @@ class OmniRouteApp(App[int]):
         if self.remote is not None:
             self.remote.on_change = self._remote_changed
             self.remote.on_status = self._remote_status
+            self.remote.follow_requests(self.feed.tab == "requests")
             self.remote.start()
         if self.host is not None:
             self.run_worker(self.host.start(), name="proxy server", group="server", exit_on_error=False)
@@ -309,6 +310,8 @@ class OmniRouteApp(App[int]):
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         tab = event.pane.id or "overview"
         self.feed.tab = tab
+        if self.remote is not None:
+            self.remote.follow_requests(tab == "requests")
         if tab not in self._visited:
             self._visited.add(tab)
             self.set_timer(1.0, self._settle_heap)  # once its rows and caches exist

@@ -79,6 +79,8 @@ HELD_LAYERS = frozenset({"breaker", "connection", "lockout", "settings"})
 """Their events are told once the `state` (or `settings`) message after them has been applied."""
 SETTINGS_PATHS = {"resilience": "/api/resilience", "settings": "/api/settings"}
 STREAM = "/api/stream"
+WITHOUT_REQUESTS = "?kinds=event,state,settings,counters"
+"""The stream's message kinds (docs/api.md#the-live-stream) but the request records."""
 STATS = "/api/stats"
 STATS_WINDOWS = ("1m", "5m")
 """The windows the console shows (Overview's tiles, the Breakers and Connections columns)."""
@@ -550,7 +552,10 @@ class Remote:
         self.ever_connected = False
         self.last_event_id: str | None = None
         self.reconnects = 0
+        self.requests_followed = True
+        """Whether the stream is asked for request records (`follow_requests`)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._stream: asyncio.Task[None] | None = None
 
     @property
     def status(self) -> str:
@@ -559,10 +564,24 @@ class Remote:
         return f"reconnecting… {self.url}" if self.ever_connected else f"connecting… {self.url}"
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._follow(), name="omniroute-stream"),
-            asyncio.create_task(self._poll(), name="omniroute-health"),
-        ]
+        self._stream = asyncio.create_task(self._follow(), name="omniroute-stream")
+        self._tasks = [self._stream, asyncio.create_task(self._poll(), name="omniroute-health")]
+
+    def follow_requests(self, on: bool) -> None:
+        """Ask the stream for request records only while something shows them (the Requests tab).
+
+        Under traffic they are most of what the stream carries (up to 200 records a second, each
+        decoded and mirrored: about half of an attached console's CPU, which it takes from the
+        machine the proxy and its clients run on). A change opens the stream again with the other
+        kinds, resumed from the last message: the instance sends what was missed of the new kinds,
+        or a snapshot when records moved while nobody asked for them (docs/api.md)."""
+        if on == self.requests_followed:
+            return
+        self.requests_followed = on
+        if self._stream is not None and not self._stream.done():
+            self._stream.cancel()  # not a break: the status line stays as it is
+            self._stream = asyncio.create_task(self._follow(), name="omniroute-stream")
+            self._tasks = [*(t for t in self._tasks if not t.done()), self._stream]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -571,6 +590,7 @@ class Remote:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self._stream = None
 
     def _headers(self) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -590,7 +610,8 @@ class Remote:
         async with httpx.AsyncClient(base_url=self.url, timeout=timeout, trust_env=False) as client:
             while True:
                 try:
-                    async with client.stream("GET", STREAM, headers=self._headers()) as response:
+                    url = STREAM if self.requests_followed else STREAM + WITHOUT_REQUESTS
+                    async with client.stream("GET", url, headers=self._headers()) as response:
                         if response.status_code != 200:
                             raise RemoteError(f"{STREAM} answered {response.status_code}")
                         parser = SSEParser()

@@ -267,6 +267,66 @@ def test_an_unreachable_instance_exits_3_and_a_refused_token_4(tmp_path: Path) -
     assert "no omniroute instance" in nobody.stderr
 
 
+async def test_request_records_are_asked_for_only_while_the_requests_tab_shows(tmp_path: Path) -> None:
+    """Under traffic the records are most of what the stream carries: an attached console away
+    from the Requests tab does not ask for them, and has them all again when it comes back."""
+    with serving(tmp_path, tmp_path / "state.db") as server:
+        async with (
+            attached(server) as (app, pilot),
+            httpx.AsyncClient(base_url=server.url, timeout=10) as client,
+        ):
+            remote = app.remote
+            assert remote is not None
+            mirror = remote.mirror
+            counters = 0
+            told = remote.on_change
+
+            def counting(kind: str) -> None:
+                nonlocal counters
+                counters += kind == "counters"
+                told(kind)
+
+            remote.on_change = counting
+
+            async def send() -> str:
+                answer = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "nowhere/none", "messages": [{"role": "user", "content": "hi"}]},
+                )
+                assert answer.status_code == 404
+                return answer.headers["x-request-id"]
+
+            async def stream_went_past() -> None:
+                """Two counters messages (one a second) after the requests ended: the records'
+                own polls (every 250 ms) have run at least four times since."""
+                seen = counters
+                await until(lambda: counters >= seen + 2, "two more counters messages")
+
+            def mirrored() -> set[str]:
+                return {view.id for view in mirror.finished_requests(0)[0]} | {
+                    view.id for view in mirror.alive_requests()
+                }
+
+            assert not remote.requests_followed  # on the Overview
+            away = [await send() for _ in range(3)]
+            await stream_went_past()
+            assert not set(away) & mirrored()
+
+            await pilot.press("7")
+            assert remote.requests_followed
+            await until(lambda: set(away) <= mirrored(), "the records sent while away")
+            shown = await send()
+            await until(lambda: shown in mirrored(), "a record sent while shown")
+            assert remote.connected and app.feed.url == f"attached to {server.url}"
+
+            await pilot.press("1")
+            assert not remote.requests_followed
+            gone = await send()
+            await stream_went_past()
+            assert gone not in mirrored()
+            assert remote.connected and app.feed.url == f"attached to {server.url}"
+
+
 async def test_read_only_attached_changes_nothing(tmp_path: Path) -> None:
     with serving(tmp_path, tmp_path / "state.db") as server:
         app = OmniRouteApp(remote=Remote(server.url, None), read_only=True)
