@@ -1155,8 +1155,6 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-
-
 # -- the request trail's ends ------------------------------------------------------------------------
 
 
