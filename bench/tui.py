@@ -456,6 +456,9 @@ def wrk(port: int, seconds: int) -> dict[str, float]:
     return {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
 
 
+ATTACHED_TAB = "overview"
+"""`--attached-tab`: the tab the attached console of (d) shows (it asks the stream for request
+records only on the Requests tab)."""
 OBSERVER_NICE = 0
 """`--observer-nice`: the niceness of the attached console and of its baseline's toggler."""
 
@@ -485,7 +488,7 @@ def start_observers(
         out = open(tmp / f"observer-{port}.log", "wb")  # noqa: SIM115  closed with the process
         return [
             subprocess.Popen(
-                observer([sys.executable, __file__, "--observe", url]),
+                observer([sys.executable, __file__, "--observe", url, "--tab", ATTACHED_TAB]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
@@ -557,7 +560,7 @@ async def toggle(url: str, *, burn: bool = False) -> None:
                 await asyncio.wait_for(stop.wait(), 1.0)
 
 
-async def observe(url: str) -> None:
+async def observe(url: str, tab: str) -> None:
     """The attached console of (d), headless: toggles a connection once a second over the API and
     times each change until its own mirror shows it; prints CHANGES on SIGTERM."""
     import httpx
@@ -569,7 +572,9 @@ async def observe(url: str) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     took: list[float] = []
     app = OmniRouteApp(remote=Remote(url, None))
-    async with app.run_test(size=(120, 40)), httpx.AsyncClient(base_url=url, timeout=10) as client:
+    async with app.run_test(size=(120, 40)) as pilot, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        if tab == "requests":
+            await pilot.press("7")
         remote = app.remote
         assert remote is not None
         while not (remote.connected and remote.mirror.ready):
@@ -759,6 +764,12 @@ def main(argv: list[str] | None = None) -> int:
         help="(d): run the attached console and its baseline's toggler at niceness N (a diagnostic: on "
         "two cores they share the load generator's CPU, and what they take from it shows in p99)",
     )
+    ap.add_argument(
+        "--attached-tab",
+        choices=["overview", "requests"],
+        default="overview",
+        help="(d): the tab the attached console shows (default: overview, where it opens)",
+    )
     ap.add_argument("--observe", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--toggle", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--burn", action="store_true", help=argparse.SUPPRESS)
@@ -769,8 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tab", default="overview", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    global OBSERVER_NICE
+    global OBSERVER_NICE, ATTACHED_TAB
     OBSERVER_NICE = args.observer_nice
+    ATTACHED_TAB = args.attached_tab
     observed = [m for m in args.observed.split(",") if m]
     if unknown := sorted(set(observed) - {"attached", "followers"}):
         ap.error(f"unknown observer modes {unknown}; choose among attached, followers")
@@ -780,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(toggle(args.toggle, burn=args.burn))
         return 0
     if args.observe:
-        asyncio.run(observe(args.observe))
+        asyncio.run(observe(args.observe, args.tab))
         return 0
     if args.serve:
         asyncio.run(serve_child(args.serve, args.port, args.upstream, args.tab))
@@ -871,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
         base = statistics.median(r["p99_ms"] for r in baseline)
         ratio = paired(runs[key], baseline)
         what = {
-            "attached": "one attached console",
+            "attached": f"one attached console ({ATTACHED_TAB} tab)",
             "control": f"the control ({CONTROL_RATE * CONTROL_SLICE_MS / 1000:.0%} of a core burnt, nothing else)",
         }.get(key, f"{FOLLOWERS} followers, one never reading")
         cpu = statistics.median(r["cpu_us"] / b["cpu_us"] for r, b in zip(runs[key], baseline, strict=True))
