@@ -5,9 +5,11 @@ follow-ups must reach the connection that created it. Each replica keeps its mem
 engine's `SessionPins`, the runtime's `ResponseOwners`) and this class shares them:
 
 - **Write-through, off the request's path, ordered.** A pin or an owner is written to Redis by a
-  task of its own (`SET key value PX ttl`) the moment it is made, so the request goes on at once;
-  at most `MAX_CONCURRENT_WRITES` run together, and writes of one key run in the order they were
-  made (each waits for the one before). The answer that made a pin or named a response id is not
+  task of its own the moment it is made, so the request goes on at once; at most
+  `MAX_CONCURRENT_WRITES` run together, and writes of one key run in the order they were made
+  (each waits for the one before). An owner is a `SET key value PX ttl`; a pin is set only if
+  Redis holds no later pin of the session (`PIN_IF_LATER`): another replica's later pin may have
+  got there first. The answer that made a pin or named a response id is not
   complete before its write is done (`settled`, bounded by `SETTLE_TIMEOUT_S`): the write starts
   when the upstream's answer is known and is usually done before the answer is relayed, and a
   client that has the whole answer finds the pin and the owner on every replica.
@@ -58,18 +60,22 @@ SETTLE_TIMEOUT_S = 0.25
 """An answer waits this long at most for its pin's or owners' writes to reach Redis."""
 
 PIN_IF_LATER = """
--- KEYS[1] a pin; ARGV: value JSON, its expires_at, TTL in ms
+-- KEYS[1] a pin; ARGV: value JSON, its expires_at, TTL in ms, '1' if a pin as late is replaced
 local current = redis.call('GET', KEYS[1])
 if current then
   local ok, pin = pcall(cjson.decode, current)
-  if ok and type(pin) == 'table' and tonumber(pin['e']) and tonumber(pin['e']) >= tonumber(ARGV[2]) then
+  local e = ok and type(pin) == 'table' and tonumber(pin['e'])
+  if e and (e > tonumber(ARGV[2]) or (e == tonumber(ARGV[2]) and ARGV[4] ~= '1')) then
     return 0
   end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 return 1
 """
-"""A pin written back after an outage: only if the fleet has no later pin for the session."""
+"""A pin is written only if the fleet has no later one for the session: pins of one session made
+on two replicas at nearly the same time may reach Redis in either order, and the later must stand
+(written through, a pin as late replaces the one there: this replica's writes of a key are
+ordered; written back after an outage, it does not)."""
 
 
 def id_key(ident: str) -> str:
@@ -150,7 +156,10 @@ class Affinity:
                 self._keep(key, pin, value, expires_at)
                 return
             try:
-                await client.set(key, value, px=ttl)
+                if pin:
+                    await client.eval(PIN_IF_LATER, 1, key, value, expires_at, ttl, "1")
+                else:
+                    await client.set(key, value, px=ttl)  # an id names one response forever
             except (RedisError, OSError) as exc:
                 self._keep(key, pin, value, expires_at)
                 self._lost(exc)
@@ -202,7 +211,7 @@ class Affinity:
                 if ttl <= 0:
                     continue
                 if pin:
-                    written += int(await client.eval(PIN_IF_LATER, 1, key, value, expires_at, ttl))
+                    written += int(await client.eval(PIN_IF_LATER, 1, key, value, expires_at, ttl, "0"))
                 else:
                     written += int(bool(await client.set(key, value, px=ttl, nx=True)))
         except (RedisError, OSError):

@@ -49,6 +49,27 @@ def test_one_keys_writes_land_in_the_order_they_were_made(redis_client: redis.Re
     asyncio.run(main())
 
 
+def test_a_pin_that_reaches_redis_after_a_later_one_does_not_replace_it(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    """Two replicas pin one session at nearly the same time; the earlier pin's write is slower and
+    lands second. Redis must keep the later pin, the one every replica's memory tier prefers."""
+
+    async def main() -> None:
+        client = aredis.Redis.from_url(REDIS_URL, decode_responses=True)
+        first, second = affinity(prefix, client), affinity(prefix, client)
+        key = first.pin_key("s")
+        made = now()
+        second.write(key, "conn-later", made + 60_001, pin=True)
+        await second.settled([key])
+        first.write(key, "conn-earlier", made + 60_000, pin=True)
+        await first.settled([key])
+        assert json.loads(await client.get(key))["c"] == "conn-later"
+        await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_lookup_on_a_redis_that_does_not_answer_gives_up_quickly(
     gates: Callable[[int], TcpGate], prefix: str
 ) -> None:
