@@ -239,6 +239,7 @@ class Pipeline:
         if trail is not None:
             record = trail.begin(_request_id(request), _client(request), endpoint)
         response: Response | None = None
+        ended_at: float | None = None  # when the statistics counted its end: the trail's end too
         try:
             headers = _header_map(request)
             try:
@@ -365,11 +366,12 @@ class Pipeline:
                 # A stream counts itself when it ends; everything else ends here.
                 if not isinstance(response, StreamingResponse):
                     ok = response is not None and response.status_code < 400
-                    stats.finished(ok, self.engine.clock.now())
+                    ended_at = self.engine.clock.now()
+                    stats.finished(ok, ended_at)
         finally:
             # A relayed stream ends its record itself, when the stream ends.
             if record is not None and trail is not None and not isinstance(response, _RelayResponse):
-                _ended(trail, record, response)
+                _ended(trail, record, response, ended_at)
 
     # ------------------------------------------------------------------ the attempt loop
 
@@ -469,7 +471,7 @@ class Pipeline:
         scrub = engine.scrubber
         conn = attempt.connection
         provider = attempt.provider
-        progress.attempted_targets.add(str(attempt.target))
+        progress.attempted_targets.add(attempt.target.name)
         headers, raw_headers = self._route_headers(attempt, progress, targets)
         data = payload.for_model(attempt.target.model)
         provider_config = self.config.providers[provider.spec.id]
@@ -948,7 +950,7 @@ class Pipeline:
         for t in targets:
             if t is target or t == target:
                 break
-            if str(t) not in progress.attempted_targets:
+            if t.name not in progress.attempted_targets:
                 skipped_before += 1
         conn_id, provider_id = attempt.connection.spec.id, attempt.provider.spec.id
         fallbacks = progress.failed_attempts + skipped_before
@@ -1187,30 +1189,33 @@ def _client(request: Request) -> str:
     return str(client[0]) if client else "unknown"
 
 
-def _ended(trail: Trail, record: RequestRecord, response: Response | None) -> None:
-    """A request answered without a relayed stream: its status, and for an error what it said."""
+def _ended(trail: Trail, record: RequestRecord, response: Response | None, now: float | None) -> None:
+    """A request answered without a relayed stream: its status, and for an error what it said.
+    `now`: when it ended, if the caller has read the clock."""
     if response is None:  # the handler was cancelled (shutdown): nobody got an answer
         record.code, record.message = "cancelled", "the server stopped before it answered"
-        trail.end(record, None, state="client_gone")
+        trail.end(record, None, state="client_gone", now=now)
         return
     status = response.status_code
     body = response.body if not isinstance(response, StreamingResponse) else b""
     record.bytes_out = len(body)
     if status >= 400:
         record.code, record.message = error_of(bytes(body))
-    trail.end(record, status)
+    trail.end(record, status, now=now)
 
 
-def _stream_ended(trail: Trail, record: RequestRecord, status: int, outcome: Outcome | None) -> None:
+def _stream_ended(
+    trail: Trail, record: RequestRecord, status: int, outcome: Outcome | None, now: float
+) -> None:
     if outcome is None or outcome.kind is OutcomeKind.CLIENT_DISCONNECT:
         record.code, record.message = "client_disconnected", "the client went away during the stream"
-        trail.end(record, status, state="client_gone")
+        trail.end(record, status, state="client_gone", now=now)
     elif not outcome.is_success:
         record.code = "stream_stalled" if outcome.kind is OutcomeKind.STALL else "stream_interrupted"
         record.message = trail.engine.scrubber(outcome.error) or None
-        trail.end(record, status, state="failed")
+        trail.end(record, status, state="failed", now=now)
     else:
-        trail.end(record, status)
+        trail.end(record, status, now=now)
 
 
 def _shown_url(url: str) -> str:
@@ -1275,8 +1280,11 @@ class _AttemptScope:
         if self._finished is not None:
             return self._finished
         self.outcome = outcome
+        engine = self.engine
+        # One clock reading for the engine's record and the trail's: the same moment, read once.
+        now = engine.clock.now()
         try:
-            self._finished = recorded = self.engine.record(self.attempt, outcome, session=self.session)
+            self._finished = recorded = engine.record(self.attempt, outcome, session=self.session, now=now)
         finally:
             self._release()
         if self.record is not None and self.trail is not None:
@@ -1287,6 +1295,7 @@ class _AttemptScope:
                 recorded.verdict,
                 recorded.status,
                 committed=self.handed_off,
+                now=now,
             )
         return recorded
 
@@ -1358,9 +1367,10 @@ class _RelayResponse(StreamingResponse):
                 attempt.close()
                 engine = attempt.engine
                 outcome = attempt.outcome
-                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+                now = engine.clock.now()  # one reading for the statistics and the trail
+                engine.stats.finished(outcome is not None and outcome.is_success, now)
                 if attempt.record is not None and attempt.trail is not None:
-                    _stream_ended(attempt.trail, attempt.record, self.status_code, outcome)
+                    _stream_ended(attempt.trail, attempt.record, self.status_code, outcome, now)
 
 
 async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:

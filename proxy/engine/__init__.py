@@ -147,9 +147,12 @@ class Engine:
 
     # -- outcomes (outcomes.py) ----------------------------------------------------------------
 
-    def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
-        """Classify one attempt's outcome and apply it to the three layers."""
-        return self._outcomes.record(attempt, outcome, session=session)
+    def record(
+        self, attempt: Attempt, outcome: Outcome, *, session: str | None = None, now: float | None = None
+    ) -> Recorded:
+        """Classify one attempt's outcome and apply it to the three layers. `now`: the clock's
+        reading, when the caller has just taken it (for a record of its own of the same moment)."""
+        return self._outcomes.record(attempt, outcome, session=session, now=now)
 
     def probe_waiting(self, attempt: Attempt) -> None:
         """The attempt is about to wait in our own queues: a probe's lease stops running meanwhile."""
