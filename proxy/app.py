@@ -17,11 +17,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import passthrough, untrusted
 from proxy.guard import STARTED_KEY, Guard, stamping
 from proxy.manage import management_routes
-from proxy.pipeline import WHOLE_ANSWERS
+from proxy.pipeline import WHOLE_ANSWERS, DoorRequest, Incoming
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Incoming], Awaitable[Response]]
 
 
 class ApiRoutes:
@@ -57,7 +57,7 @@ class ApiRoutes:
     ) -> None:
         """Answer a request `claims` took, with `added` on the answer (the Guard's headers; see
         proxy.guard.DirectAnswers)."""
-        request = Request(scope, receive)
+        request = DoorRequest(scope, receive)  # (a route that needs a Starlette Request makes one)
         try:
             response = await self.endpoints[scope["path"]](request)
         except ClientDisconnect as exc:
@@ -73,7 +73,7 @@ class ApiRoutes:
         await response(scope, receive, stamping(send, added, scope))
 
 
-async def client_gone(request: Request, exc: Exception) -> Response:
+async def client_gone(request: Incoming, exc: Exception) -> Response:
     # The client hung up while sending its body: nobody will read an answer, and it is not a
     # failure of ours, so it must not reach the log as "unhandled error" with a traceback.
     return error_response(499, "client disconnected while sending the request", "client_disconnected")
@@ -87,16 +87,16 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
     def route(endpoint: str) -> Endpoint:
         # A plain function handing back the pipeline's own coroutine, with no coroutine of its own
         # between: each coroutine in the chain is resumed again at every await below it.
-        def handle(request: Request) -> Awaitable[Response]:
+        def handle(request: Incoming) -> Awaitable[Response]:
             return runtime.pipeline.handle(request, endpoint)
 
         return handle
 
-    def messages(request: Request) -> Awaitable[Response]:
+    def messages(request: Incoming) -> Awaitable[Response]:
         return runtime.pipeline.handle_messages(request)
 
-    async def count_tokens(request: Request) -> Response:
-        return await passthrough.count_tokens(runtime, request)
+    async def count_tokens(request: Incoming) -> Response:
+        return await passthrough.count_tokens(runtime, Request(request.scope, request.receive))
 
     return {
         "/v1/chat/completions": route("chat/completions"),

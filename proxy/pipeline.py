@@ -24,11 +24,11 @@ import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
@@ -87,6 +87,28 @@ content (an error event before content still falls back); past it the stream is 
 
 class BodyTooLarge(Exception):
     pass
+
+
+class Incoming(Protocol):
+    """What the pipeline reads of a request: its ASGI scope and `receive`. A Starlette `Request` is
+    one; the API routes hand it a `DoorRequest` (the two alone), which costs a fraction of a
+    `Request` to make and to read (`receive` is a property there: a call per read)."""
+
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def receive(self) -> Receive: ...
+
+
+class DoorRequest:
+    """A request as the API routes take it from the door: its scope and `receive`, nothing else."""
+
+    __slots__ = ("receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.scope = scope
+        self.receive = receive
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +245,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ entry point
 
-    async def handle_messages(self, request: Request) -> Response:
+    async def handle_messages(self, request: Incoming) -> Response:
         """`/v1/messages`: `handle`, with the proxy's own errors in Anthropic's shape (an upstream's
         error is relayed as it came, already in that shape)."""
         response = await self.handle(request, "messages")
@@ -231,7 +253,7 @@ class Pipeline:
             return response.reshaped(anthropic_error_body(response.status_code, response.message))
         return response
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    async def handle(self, request: Incoming, endpoint: str) -> Response:
         # One coroutine from the request to its attempts (no wrapper for the trail's record, nor for
         # the client watch): every coroutine in the chain is resumed again at every await below it.
         trail = self.trail
@@ -561,7 +583,8 @@ class Pipeline:
             scope.finish(Outcome.ok(upstream.status))
             if wire is not None and wire.owners is not None:
                 wire.seen(conn.spec.id, _json_object(content))
-            await _shared_settled(engine, session, wire)
+            if engine.shared is not None:  # (asked here: a coroutine made and run costs more)
+                await _shared_settled(engine, session, wire)
             if progress.record is not None:
                 progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
             return _relayed(scrub.secrets(content), upstream.status, media_type, headers, raw_headers)
@@ -1178,13 +1201,13 @@ def _parsed(content: bytes) -> object:
 # -- the request trail's ends ------------------------------------------------------------------------
 
 
-def _request_id(request: Request) -> str:
+def _request_id(request: Incoming) -> str:
     state = request.scope.get("state")
     found = state.get("request_id") if isinstance(state, dict) else None
     return found if isinstance(found, str) else f"local-{id(request):x}"
 
 
-def _client(request: Request) -> str:
+def _client(request: Incoming) -> str:
     client = request.scope.get("client")  # (host, port); `request.client` builds a named tuple
     return str(client[0]) if client else "unknown"
 
@@ -1373,7 +1396,7 @@ class _RelayResponse(StreamingResponse):
                     _stream_ended(attempt.trail, attempt.record, self.status_code, outcome, now)
 
 
-async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+async def _while_connected(request: Incoming, work: Coroutine[Any, Any, Response]) -> Response:
     """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
 
     A client that goes away ends them at once, wherever they are: waiting for a concurrency slot,
@@ -1542,7 +1565,7 @@ def _watchable(cycle: Any) -> bool:
     )
 
 
-def _header_map(request: Request) -> dict[bytes, bytes]:
+def _header_map(request: Incoming) -> dict[bytes, bytes]:
     """The request's headers by (lower-case) name, the first of repeated ones, as Starlette's
     `request.headers.get` reads them: one dict built in C, where each `request.headers` lookup
     scans the list in Python (and a miss raises and catches a KeyError). The Guard in front has
@@ -1556,7 +1579,7 @@ def _header_map(request: Request) -> dict[bytes, bytes]:
 
 
 async def _read_body(
-    request: Request, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
+    request: Incoming, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
 ) -> bytes:
     """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
