@@ -89,6 +89,11 @@ class BodyTooLarge(Exception):
     pass
 
 
+_Send = tuple[str, str | None, Mapping[str, str], Mapping[str, str] | None]
+"""(url, bearer key, extra headers, credential headers) of an attempt (`Pipeline._send_of`)."""
+_NO_SENDS: dict[str, _Send] = {}
+
+
 class Incoming(Protocol):
     """What the pipeline reads of a request: its ASGI scope and `receive`. A Starlette `Request` is
     one; the API routes hand it a `DoorRequest` (the two alone), which costs a fraction of a
@@ -242,6 +247,8 @@ class Pipeline:
         self._media: dict[str, tuple[bool, str]] = {}
         """An upstream's Content-Type -> (whether it claims JSON, as relayed, scrubbed): at most
         _MEDIA_CACHED types, so that an upstream cannot grow it."""
+        self._sends: dict[str, dict[str, _Send]] = {}
+        """Endpoint -> connection id -> where and how a chat-like attempt is sent (`_send_of`)."""
 
     # ------------------------------------------------------------------ entry point
 
@@ -496,14 +503,14 @@ class Pipeline:
         progress.attempted_targets.add(attempt.target.name)
         headers, raw_headers = self._route_headers(attempt, progress, targets)
         data = payload.for_model(attempt.target.model)
-        provider_config = self.config.providers[provider.spec.id]
-        url = f"{provider_config.base_url}/{endpoint}"
-        conn_config = self.config.connection(conn.spec.id)
-        api_key = conn_config.api_key if conn_config else None
-        extra = provider_config.headers
-        credentials = None
-        if wire is not None or provider_config.auth != "bearer":
-            extra, credentials, api_key = upstream_headers(provider_config, api_key, wire)
+        if wire is None:
+            send = self._sends.get(endpoint, _NO_SENDS).get(conn.spec.id)
+            if send is None:
+                send = self._send_of(endpoint, conn.spec.id, provider.spec.id, None)
+                self._sends.setdefault(endpoint, {})[conn.spec.id] = send  # one per configured connection
+        else:  # (the client's Anthropic headers travel: nothing to keep)
+            send = self._send_of(endpoint, conn.spec.id, provider.spec.id, wire)
+        url, api_key, extra, credentials = send
 
         scope = _AttemptScope(engine, attempt, session, self.trail, progress.record)
         try:
@@ -593,6 +600,18 @@ class Pipeline:
             # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
             if not scope.handed_off:
                 scope.close()
+
+    def _send_of(self, endpoint: str, connection_id: str, provider_id: str, wire: Wire | None) -> _Send:
+        """Where an attempt on a connection goes and with what headers: the same every time for a
+        request without a wire API's client headers (the config does not change)."""
+        provider_config = self.config.providers[provider_id]
+        url = f"{provider_config.base_url}/{endpoint}"
+        conn_config = self.config.connection(connection_id)
+        api_key = conn_config.api_key if conn_config else None
+        if wire is None and provider_config.auth == "bearer":
+            return url, api_key, provider_config.headers, None
+        extra, credentials, api_key = upstream_headers(provider_config, api_key, wire)
+        return url, api_key, extra, credentials
 
     def _upstream_error(
         self,
