@@ -13,13 +13,15 @@ import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from proxy.resilience.outcome import Outcome
 
 _PLAIN_HEADERS_CACHED = 64
+_URLS_CACHED = 256
 MAX_ERROR_BODY = 1024 * 1024
 """An upstream's error body is relayed whole up to this size; a gateway that answers an error
 with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
@@ -162,7 +164,11 @@ class UpstreamClient:
         self._deadlines: _Deadlines | None = None
         """The first-byte deadlines of the requests in flight (on the loop they are sent from)."""
         self._plain_headers: dict[str | None, Mapping[str, str]] = {}
-        """API key -> the request headers of a provider without headers or credentials of its own."""
+        """API key -> the request headers of a provider without headers or credentials of its own,
+        as aiohttp's own read-only multidict (a plain mapping is copied into one per request)."""
+        self._urls: dict[str, URL] = {}
+        """URL -> parsed: the same few every time (aiohttp parses a string URL per request, through
+        a Python constructor); at most _URLS_CACHED of them."""
 
     async def start(self) -> None:
         if self._session is None:
@@ -214,7 +220,12 @@ class UpstreamClient:
                 built.update(credentials)
             headers = built
             if not extra_headers and not credentials and len(self._plain_headers) < _PLAIN_HEADERS_CACHED:
-                headers = self._plain_headers[api_key] = MappingProxyType(built)
+                headers = self._plain_headers[api_key] = CIMultiDictProxy(CIMultiDict(built))
+        target = self._urls.get(url)
+        if target is None:
+            target = URL(url)  # as aiohttp would parse it (encoded=False)
+            if len(self._urls) < _URLS_CACHED:
+                self._urls[url] = target
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
         # The first-byte deadline cancels this task when it passes, as an `asyncio.timeout` context
         # would (without its object, reschedule and exit check per request, in Python), and
@@ -235,7 +246,7 @@ class UpstreamClient:
         if deadlines.timer is None or deadline < deadlines.at:
             deadlines.arm(deadline)
         try:
-            response = await self._session.request(method, url, data=body, headers=headers)
+            response = await self._session.request(method, target, data=body, headers=headers)
         except asyncio.CancelledError as exc:
             if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
