@@ -95,9 +95,8 @@ _NO_SENDS: dict[str, _Send] = {}
 
 
 class Incoming(Protocol):
-    """What the pipeline reads of a request: its ASGI scope and `receive`. A Starlette `Request` is
-    one; the API routes hand it a `DoorRequest` (the two alone), which costs a fraction of a
-    `Request` to make and to read (`receive` is a property there: a call per read)."""
+    """What the body reader and the client watch read of a request: its ASGI scope and `receive`.
+    A Starlette `Request` is one, and so is a `DoorRequest`."""
 
     @property
     def scope(self) -> Scope: ...
@@ -107,7 +106,9 @@ class Incoming(Protocol):
 
 
 class DoorRequest:
-    """A request as the API routes take it from the door: its scope and `receive`, nothing else."""
+    """A request's scope and `receive` as an `Incoming`, for the few paths that need one: the API
+    routes pass the two themselves (an object per request, even this one, costs about 1.5 k
+    instructions to make and free; a Starlette `Request` about 4 k more)."""
 
     __slots__ = ("receive", "scope")
 
@@ -252,38 +253,40 @@ class Pipeline:
 
     # ------------------------------------------------------------------ entry point
 
-    async def handle_messages(self, request: Incoming) -> Response:
+    async def handle_messages(self, scope: Scope, receive: Receive) -> Response:
         """`/v1/messages`: `handle`, with the proxy's own errors in Anthropic's shape (an upstream's
         error is relayed as it came, already in that shape)."""
-        response = await self.handle(request, "messages")
+        response = await self.handle(scope, receive, "messages")
         if isinstance(response, ErrorResponse):
             return response.reshaped(anthropic_error_body(response.status_code, response.message))
         return response
 
-    async def handle(self, request: Incoming, endpoint: str) -> Response:
+    async def handle(self, scope: Scope, receive: Receive, endpoint: str) -> Response:
+        """One request to an API route, as its ASGI scope and `receive` (no request object: the
+        pipeline reads nothing else of it, and an object per request costs more than it saves)."""
         # One coroutine from the request to its attempts (no wrapper for the trail's record, nor for
         # the client watch): every coroutine in the chain is resumed again at every await below it.
         trail = self.trail
         record = None
         if trail is not None:
-            record = trail.begin(_request_id(request), _client(request), endpoint)
+            record = trail.begin(_request_id(scope), _client(scope), endpoint)
         response: Response | None = None
         ended_at: float | None = None  # when the statistics counted its end: the trail's end too
         try:
-            headers = _header_map(request)
+            headers = _header_map(scope)
             try:
                 # `_read_body`, with the common case (the whole body in one message) inline.
                 length = headers.get(b"content-length")
                 if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
                     raise BodyTooLarge
-                message = await request.receive()
+                message = await receive()
                 raw = message.get("body", b"")
                 if (
                     message["type"] != "http.request"
                     or message.get("more_body", False)
                     or len(raw) > MAX_BODY_BYTES
                 ):
-                    raw = await _read_body(request, headers, message)
+                    raw = await _read_body(DoorRequest(scope, receive), headers, message)
             except BodyTooLarge:
                 response = error_response(413, "request body exceeds 32 MiB", "request_too_large")
                 return response
@@ -379,7 +382,7 @@ class Pipeline:
             # for as long as the client is there to read the answer.
             watch: _ClientWatch | None = None
             try:
-                watch = _ClientWatch(request.receive)
+                watch = _ClientWatch(receive)
                 response = await self._route(endpoint, payload, targets, stream, session, skips, wire, record)
                 return response
             except asyncio.CancelledError:
@@ -570,6 +573,9 @@ class Pipeline:
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
+            # Read whole, the response has gone back to the pool: nothing is left for the scope to
+            # close (closing it would be two calls that do nothing).
+            scope.upstream = None
             media = self._media.get(content_type)
             if media is None:
                 # (whether it claims JSON, the type as relayed): the same few types every time
@@ -1220,14 +1226,14 @@ def _parsed(content: bytes) -> object:
 # -- the request trail's ends ------------------------------------------------------------------------
 
 
-def _request_id(request: Incoming) -> str:
-    state = request.scope.get("state")
+def _request_id(scope: Scope) -> str:
+    state = scope.get("state")
     found = state.get("request_id") if isinstance(state, dict) else None
-    return found if isinstance(found, str) else f"local-{id(request):x}"
+    return found if isinstance(found, str) else f"local-{id(scope):x}"
 
 
-def _client(request: Incoming) -> str:
-    client = request.scope.get("client")  # (host, port); `request.client` builds a named tuple
+def _client(scope: Scope) -> str:
+    client = scope.get("client")  # (host, port); `request.client` builds a named tuple
     return str(client[0]) if client else "unknown"
 
 
@@ -1584,12 +1590,11 @@ def _watchable(cycle: Any) -> bool:
     )
 
 
-def _header_map(request: Incoming) -> dict[bytes, bytes]:
+def _header_map(scope: Scope) -> dict[bytes, bytes]:
     """The request's headers by (lower-case) name, the first of repeated ones, as Starlette's
     `request.headers.get` reads them: one dict built in C, where each `request.headers` lookup
     scans the list in Python (and a miss raises and catches a KeyError). The Guard in front has
     built it already (HEADERS_KEY); nothing changes it."""
-    scope = request.scope
     found = scope.get(HEADERS_KEY)
     if found is not None:
         return cast(dict[bytes, bytes], found)
@@ -1604,7 +1609,7 @@ async def _read_body(
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
     does, without an async generator per request. `headers`: the request's `_header_map`, when
     the caller has it; `first`: the first message, when the caller has received it."""
-    length = (headers if headers is not None else _header_map(request)).get(b"content-length")
+    length = (headers if headers is not None else _header_map(request.scope)).get(b"content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
     receive = request.receive

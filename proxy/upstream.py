@@ -70,6 +70,7 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body: within `body_timeout_ms` of the headers and at most MAX_UPSTREAM_BODY_BYTES.
+        Once it has returned, the response is released: `close` has nothing left to do.
 
         The idle timeout alone cannot end a body that trickles (keep-alive pings on a non-streaming
         request reset it with every byte): the request would never end, and its buffer would grow
