@@ -569,7 +569,9 @@ class Pipeline:
                 return await self._start_stream(scope, upstream, headers, progress)
 
             try:
-                content = await upstream.read()
+                content = upstream.read_arrived()  # (no coroutine when it is all there: the usual case)
+                if content is None:
+                    content = await upstream.read()
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None

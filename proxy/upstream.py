@@ -68,6 +68,25 @@ class UpstreamResponse:
             self._headers = {k.lower(): v for k, v in self._response.headers.items()}
         return self._headers
 
+    def read_arrived(self) -> bytes | None:
+        """The whole body if it has all arrived already (the common case for a short answer: it
+        came with the headers), released as `read` leaves it; None when some is still to come.
+        Not a coroutine: there is nothing to wait for, and a coroutine is an object per call."""
+        response = self._response
+        content = response.content
+        if not content.is_eof() or content.exception() is not None:
+            return None
+        # No deadline to set up. (A body can only be buffered whole up to aiohttp's read buffer
+        # limits; the size check is kept all the same.)
+        data = content.read_nowait()
+        if len(data) > MAX_UPSTREAM_BODY_BYTES:
+            response.close()
+            raise UpstreamFailure(
+                Outcome.network(f"upstream body larger than {MAX_UPSTREAM_BODY_BYTES} bytes")
+            )
+        response.release()
+        return data
+
     async def read(self) -> bytes:
         """The whole body: within `body_timeout_ms` of the headers and at most MAX_UPSTREAM_BODY_BYTES.
         Once it has returned, the response is released: `close` has nothing left to do.
@@ -76,19 +95,11 @@ class UpstreamResponse:
         request reset it with every byte): the request would never end, and its buffer would grow
         for as long as the upstream went on. Either bound failing is an UpstreamFailure.
         """
+        arrived = self.read_arrived()
+        if arrived is not None:
+            return arrived
         limit = MAX_UPSTREAM_BODY_BYTES
         response = self._response
-        content = response.content
-        if content.is_eof() and content.exception() is None:
-            # The whole body came with the headers (the common case for a short answer): there is
-            # nothing to wait for, so no deadline to set up. (A body can only be buffered whole up
-            # to aiohttp's read buffer limits; the size check is kept all the same.)
-            data = content.read_nowait()
-            if len(data) > limit:
-                response.close()
-                raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
-            response.release()
-            return data
         deadline = asyncio.timeout(self._body_timeout_ms / 1000)
         try:
             if response.content_length is not None and response.content_length > limit:
