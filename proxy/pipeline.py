@@ -321,7 +321,7 @@ class Pipeline:
             try:
                 # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
                 # cannot fail, so nothing an attempt does can fail to encode.
-                payload = RequestBody(raw, body, exact=exact)
+                payload = RequestBody(raw, body, exact)  # (by position: see RequestBody.__init__)
             except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
                 response = error_response(400, "request body is nested too deeply", "invalid_json")
                 return response
@@ -420,7 +420,7 @@ class Pipeline:
     ) -> Response:
         engine = self.engine
         trail = self.trail
-        progress = _Progress(api_skips=skips, record=record)
+        progress = _Progress(skips, record)  # (by position: keywords to a class cost a dict)
         if session is not None and engine.shared is not None and engine.settings.session_ttl_ms() > 0:
             # A fleet: the session may have moved to another replica since this one pinned it.
             await engine.shared.refresh_pin(session)
