@@ -17,11 +17,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import passthrough, untrusted
 from proxy.guard import STARTED_KEY, Guard, stamping
 from proxy.manage import management_routes
-from proxy.pipeline import WHOLE_ANSWERS
+from proxy.pipeline import WHOLE_ANSWERS, DoorRequest, Incoming
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Scope, Receive], Awaitable[Response]]
+"""An API route's endpoint: the request as its ASGI scope and `receive` (see Pipeline.handle)."""
 
 
 class ApiRoutes:
@@ -57,11 +58,10 @@ class ApiRoutes:
     ) -> None:
         """Answer a request `claims` took, with `added` on the answer (the Guard's headers; see
         proxy.guard.DirectAnswers)."""
-        request = Request(scope, receive)
         try:
-            response = await self.endpoints[scope["path"]](request)
+            response = await self.endpoints[scope["path"]](scope, receive)
         except ClientDisconnect as exc:
-            response = await client_gone(request, exc)
+            response = await client_gone(DoorRequest(scope, receive), exc)
         if type(response) in WHOLE_ANSWERS and response.background is None:
             # What Response.__call__ does (for an http scope), without a coroutine of its own, and
             # with the Guard's headers put on as it would.
@@ -73,7 +73,7 @@ class ApiRoutes:
         await response(scope, receive, stamping(send, added, scope))
 
 
-async def client_gone(request: Request, exc: Exception) -> Response:
+async def client_gone(request: Incoming, exc: Exception) -> Response:
     # The client hung up while sending its body: nobody will read an answer, and it is not a
     # failure of ours, so it must not reach the log as "unhandled error" with a traceback.
     return error_response(499, "client disconnected while sending the request", "client_disconnected")
@@ -87,16 +87,16 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
     def route(endpoint: str) -> Endpoint:
         # A plain function handing back the pipeline's own coroutine, with no coroutine of its own
         # between: each coroutine in the chain is resumed again at every await below it.
-        def handle(request: Request) -> Awaitable[Response]:
-            return runtime.pipeline.handle(request, endpoint)
+        def handle(scope: Scope, receive: Receive) -> Awaitable[Response]:
+            return runtime.pipeline.handle(scope, receive, endpoint)
 
         return handle
 
-    def messages(request: Request) -> Awaitable[Response]:
-        return runtime.pipeline.handle_messages(request)
+    def messages(scope: Scope, receive: Receive) -> Awaitable[Response]:
+        return runtime.pipeline.handle_messages(scope, receive)
 
-    async def count_tokens(request: Request) -> Response:
-        return await passthrough.count_tokens(runtime, request)
+    async def count_tokens(scope: Scope, receive: Receive) -> Response:
+        return await passthrough.count_tokens(runtime, Request(scope, receive))
 
     return {
         "/v1/chat/completions": route("chat/completions"),
@@ -112,7 +112,7 @@ def _coroutine(endpoint: Endpoint) -> Callable[[Request], Coroutine[Any, Any, Re
     """`endpoint` as an `async def`: Starlette runs any other callable in a thread."""
 
     async def call(request: Request) -> Response:
-        return await endpoint(request)
+        return await endpoint(request.scope, request.receive)
 
     return call
 

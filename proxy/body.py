@@ -84,8 +84,10 @@ class RequestBody:
 
     __slots__ = ("_head", "_rest", "_tail")
 
-    def __init__(self, raw: bytes, document: dict[str, Any], *, exact: bool) -> None:
-        """`document`: `raw` parsed (`parse`); `exact`: whether that was the standard parser."""
+    def __init__(self, raw: bytes, document: dict[str, Any], exact: bool) -> None:
+        """`document`: `raw` parsed (`parse`); `exact`: whether that was the standard parser.
+        (`exact` may be passed by position: a class called with a keyword argument makes a dict
+        for it, about 1.2 k instructions on 3.11, and a body is made for every request.)"""
         self._head: tuple[bytes | memoryview, ...] = ()
         self._tail: bytes | memoryview = b""
         self._rest: bytes | None = None

@@ -71,7 +71,10 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request_id = _request_id()
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.get("state")
+        if state is None:  # (uvicorn gives every scope one: `setdefault` would make a dict for nothing)
+            state = scope["state"] = {}
+        state["request_id"] = request_id
         added = [(b"x-request-id", request_id.encode())]
         raw = scope.get("headers", [])
         # By lower-case name, the first of repeated ones (as a browser sends one): built in C,

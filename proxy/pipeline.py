@@ -24,10 +24,10 @@ import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
@@ -86,6 +86,34 @@ content (an error event before content still falls back); past it the stream is 
 
 class BodyTooLarge(Exception):
     pass
+
+
+_Send = tuple[str, str | None, Mapping[str, str], Mapping[str, str] | None]
+"""(url, bearer key, extra headers, credential headers) of an attempt (`Pipeline._send_of`)."""
+_NO_SENDS: dict[str, _Send] = {}
+
+
+class Incoming(Protocol):
+    """What the body reader and the client watch read of a request: its ASGI scope and `receive`.
+    A Starlette `Request` is one, and so is a `DoorRequest`."""
+
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def receive(self) -> Receive: ...
+
+
+class DoorRequest:
+    """A request's scope and `receive` as an `Incoming`, for the few paths that need one: the API
+    routes pass the two themselves (an object per request, even this one, costs about 1.5 k
+    instructions to make and free; a Starlette `Request` about 4 k more)."""
+
+    __slots__ = ("receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.scope = scope
+        self.receive = receive
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,40 +247,45 @@ class Pipeline:
         self._media: dict[str, tuple[bool, str]] = {}
         """An upstream's Content-Type -> (whether it claims JSON, as relayed, scrubbed): at most
         _MEDIA_CACHED types, so that an upstream cannot grow it."""
+        self._sends: dict[str, dict[str, _Send]] = {}
+        """Endpoint -> connection id -> where and how a chat-like attempt is sent (`_send_of`)."""
 
     # ------------------------------------------------------------------ entry point
 
-    async def handle_messages(self, request: Request) -> Response:
+    async def handle_messages(self, scope: Scope, receive: Receive) -> Response:
         """`/v1/messages`: `handle`, with the proxy's own errors in Anthropic's shape (an upstream's
         error is relayed as it came, already in that shape)."""
-        response = await self.handle(request, "messages")
+        response = await self.handle(scope, receive, "messages")
         if isinstance(response, ErrorResponse):
             return response.reshaped(anthropic_error_body(response.status_code, response.message))
         return response
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    async def handle(self, scope: Scope, receive: Receive, endpoint: str) -> Response:
+        """One request to an API route, as its ASGI scope and `receive` (no request object: the
+        pipeline reads nothing else of it, and an object per request costs more than it saves)."""
         # One coroutine from the request to its attempts (no wrapper for the trail's record, nor for
         # the client watch): every coroutine in the chain is resumed again at every await below it.
         trail = self.trail
         record = None
         if trail is not None:
-            record = trail.begin(_request_id(request), _client(request), endpoint)
+            record = trail.begin(_request_id(scope), _client(scope), endpoint)
         response: Response | None = None
+        ended_at: float | None = None  # when the statistics counted its end: the trail's end too
         try:
-            headers = _header_map(request)
+            headers = _header_map(scope)
             try:
                 # `_read_body`, with the common case (the whole body in one message) inline.
                 length = headers.get(b"content-length")
                 if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
                     raise BodyTooLarge
-                message = await request.receive()
+                message = await receive()
                 raw = message.get("body", b"")
                 if (
                     message["type"] != "http.request"
                     or message.get("more_body", False)
                     or len(raw) > MAX_BODY_BYTES
                 ):
-                    raw = await _read_body(request, headers, message)
+                    raw = await _read_body(DoorRequest(scope, receive), headers, message)
             except BodyTooLarge:
                 response = error_response(413, "request body exceeds 32 MiB", "request_too_large")
                 return response
@@ -287,7 +320,7 @@ class Pipeline:
             try:
                 # Parsed once; each attempt puts its own model in (RequestBody.for_model), which
                 # cannot fail, so nothing an attempt does can fail to encode.
-                payload = RequestBody(raw, body, exact=exact)
+                payload = RequestBody(raw, body, exact)  # (by position: see RequestBody.__init__)
             except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
                 response = error_response(400, "request body is nested too deeply", "invalid_json")
                 return response
@@ -348,7 +381,7 @@ class Pipeline:
             # for as long as the client is there to read the answer.
             watch: _ClientWatch | None = None
             try:
-                watch = _ClientWatch(request.receive)
+                watch = _ClientWatch(receive)
                 response = await self._route(endpoint, payload, targets, stream, session, skips, wire, record)
                 return response
             except asyncio.CancelledError:
@@ -364,11 +397,12 @@ class Pipeline:
                 # A stream counts itself when it ends; everything else ends here.
                 if not isinstance(response, StreamingResponse):
                     ok = response is not None and response.status_code < 400
-                    stats.finished(ok, self.engine.clock.now())
+                    ended_at = self.engine.clock.now()
+                    stats.finished(ok, ended_at)
         finally:
             # A relayed stream ends its record itself, when the stream ends.
             if record is not None and trail is not None and not isinstance(response, _RelayResponse):
-                _ended(trail, record, response)
+                _ended(trail, record, response, ended_at)
 
     # ------------------------------------------------------------------ the attempt loop
 
@@ -385,7 +419,7 @@ class Pipeline:
     ) -> Response:
         engine = self.engine
         trail = self.trail
-        progress = _Progress(api_skips=skips, record=record)
+        progress = _Progress(skips, record)  # (by position: keywords to a class cost a dict)
         if session is not None and engine.shared is not None and engine.settings.session_ttl_ms() > 0:
             # A fleet: the session may have moved to another replica since this one pinned it.
             await engine.shared.refresh_pin(session)
@@ -468,17 +502,17 @@ class Pipeline:
         scrub = engine.scrubber
         conn = attempt.connection
         provider = attempt.provider
-        progress.attempted_targets.add(str(attempt.target))
+        progress.attempted_targets.add(attempt.target.name)
         headers, raw_headers = self._route_headers(attempt, progress, targets)
         data = payload.for_model(attempt.target.model)
-        provider_config = self.config.providers[provider.spec.id]
-        url = f"{provider_config.base_url}/{endpoint}"
-        conn_config = self.config.connection(conn.spec.id)
-        api_key = conn_config.api_key if conn_config else None
-        extra = provider_config.headers
-        credentials = None
-        if wire is not None or provider_config.auth != "bearer":
-            extra, credentials, api_key = upstream_headers(provider_config, api_key, wire)
+        if wire is None:
+            send = self._sends.get(endpoint, _NO_SENDS).get(conn.spec.id)
+            if send is None:
+                send = self._send_of(endpoint, conn.spec.id, provider.spec.id, None)
+                self._sends.setdefault(endpoint, {})[conn.spec.id] = send  # one per configured connection
+        else:  # (the client's Anthropic headers travel: nothing to keep)
+            send = self._send_of(endpoint, conn.spec.id, provider.spec.id, wire)
+        url, api_key, extra, credentials = send
 
         scope = _AttemptScope(engine, attempt, session, self.trail, progress.record)
         try:
@@ -534,10 +568,15 @@ class Pipeline:
                 return await self._start_stream(scope, upstream, headers, progress)
 
             try:
-                content = await upstream.read()
+                content = upstream.read_arrived()  # (no coroutine when it is all there: the usual case)
+                if content is None:
+                    content = await upstream.read()
             except UpstreamFailure as failure:
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
+            # Read whole, the response has gone back to the pool: nothing is left for the scope to
+            # close (closing it would be two calls that do nothing).
+            scope.upstream = None
             media = self._media.get(content_type)
             if media is None:
                 # (whether it claims JSON, the type as relayed): the same few types every time
@@ -558,7 +597,8 @@ class Pipeline:
             scope.finish(Outcome.ok(upstream.status))
             if wire is not None and wire.owners is not None:
                 wire.seen(conn.spec.id, _json_object(content))
-            await _shared_settled(engine, session, wire)
+            if engine.shared is not None:  # (asked here: a coroutine made and run costs more)
+                await _shared_settled(engine, session, wire)
             if progress.record is not None:
                 progress.record.usage = usage_of(parsed)  # the numbers only: never the answer's text
             return _relayed(scrub.secrets(content), upstream.status, media_type, headers, raw_headers)
@@ -567,6 +607,18 @@ class Pipeline:
             # else (a cancellation, a bug) ends here as a disconnect, which counts against nothing.
             if not scope.handed_off:
                 scope.close()
+
+    def _send_of(self, endpoint: str, connection_id: str, provider_id: str, wire: Wire | None) -> _Send:
+        """Where an attempt on a connection goes and with what headers: the same every time for a
+        request without a wire API's client headers (the config does not change)."""
+        provider_config = self.config.providers[provider_id]
+        url = f"{provider_config.base_url}/{endpoint}"
+        conn_config = self.config.connection(connection_id)
+        api_key = conn_config.api_key if conn_config else None
+        if wire is None and provider_config.auth == "bearer":
+            return url, api_key, provider_config.headers, None
+        extra, credentials, api_key = upstream_headers(provider_config, api_key, wire)
+        return url, api_key, extra, credentials
 
     def _upstream_error(
         self,
@@ -947,7 +999,7 @@ class Pipeline:
         for t in targets:
             if t is target or t == target:
                 break
-            if str(t) not in progress.attempted_targets:
+            if t.name not in progress.attempted_targets:
                 skipped_before += 1
         conn_id, provider_id = attempt.connection.spec.id, attempt.provider.spec.id
         fallbacks = progress.failed_attempts + skipped_before
@@ -1158,41 +1210,44 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
 # -- the request trail's ends ------------------------------------------------------------------------
 
 
-def _request_id(request: Request) -> str:
-    state = request.scope.get("state")
+def _request_id(scope: Scope) -> str:
+    state = scope.get("state")
     found = state.get("request_id") if isinstance(state, dict) else None
-    return found if isinstance(found, str) else f"local-{id(request):x}"
+    return found if isinstance(found, str) else f"local-{id(scope):x}"
 
 
-def _client(request: Request) -> str:
-    client = request.scope.get("client")  # (host, port); `request.client` builds a named tuple
+def _client(scope: Scope) -> str:
+    client = scope.get("client")  # (host, port); `request.client` builds a named tuple
     return str(client[0]) if client else "unknown"
 
 
-def _ended(trail: Trail, record: RequestRecord, response: Response | None) -> None:
-    """A request answered without a relayed stream: its status, and for an error what it said."""
+def _ended(trail: Trail, record: RequestRecord, response: Response | None, now: float | None) -> None:
+    """A request answered without a relayed stream: its status, and for an error what it said.
+    `now`: when it ended, if the caller has read the clock."""
     if response is None:  # the handler was cancelled (shutdown): nobody got an answer
         record.code, record.message = "cancelled", "the server stopped before it answered"
-        trail.end(record, None, state="client_gone")
+        trail.end(record, None, state="client_gone", now=now)
         return
     status = response.status_code
     body = response.body if not isinstance(response, StreamingResponse) else b""
     record.bytes_out = len(body)
     if status >= 400:
         record.code, record.message = error_of(bytes(body))
-    trail.end(record, status)
+    trail.end(record, status, now=now)
 
 
-def _stream_ended(trail: Trail, record: RequestRecord, status: int, outcome: Outcome | None) -> None:
+def _stream_ended(
+    trail: Trail, record: RequestRecord, status: int, outcome: Outcome | None, now: float
+) -> None:
     if outcome is None or outcome.kind is OutcomeKind.CLIENT_DISCONNECT:
         record.code, record.message = "client_disconnected", "the client went away during the stream"
-        trail.end(record, status, state="client_gone")
+        trail.end(record, status, state="client_gone", now=now)
     elif not outcome.is_success:
         record.code = "stream_stalled" if outcome.kind is OutcomeKind.STALL else "stream_interrupted"
         record.message = trail.engine.scrubber(outcome.error) or None
-        trail.end(record, status, state="failed")
+        trail.end(record, status, state="failed", now=now)
     else:
-        trail.end(record, status)
+        trail.end(record, status, now=now)
 
 
 def _shown_url(url: str) -> str:
@@ -1257,8 +1312,11 @@ class _AttemptScope:
         if self._finished is not None:
             return self._finished
         self.outcome = outcome
+        engine = self.engine
+        # One clock reading for the engine's record and the trail's: the same moment, read once.
+        now = engine.clock.now()
         try:
-            self._finished = recorded = self.engine.record(self.attempt, outcome, session=self.session)
+            self._finished = recorded = engine.record(self.attempt, outcome, session=self.session, now=now)
         finally:
             self._release()
         if self.record is not None and self.trail is not None:
@@ -1269,6 +1327,7 @@ class _AttemptScope:
                 recorded.verdict,
                 recorded.status,
                 committed=self.handed_off,
+                now=now,
             )
         return recorded
 
@@ -1340,12 +1399,13 @@ class _RelayResponse(StreamingResponse):
                 attempt.close()
                 engine = attempt.engine
                 outcome = attempt.outcome
-                engine.stats.finished(outcome is not None and outcome.is_success, engine.clock.now())
+                now = engine.clock.now()  # one reading for the statistics and the trail
+                engine.stats.finished(outcome is not None and outcome.is_success, now)
                 if attempt.record is not None and attempt.trail is not None:
-                    _stream_ended(attempt.trail, attempt.record, self.status_code, outcome)
+                    _stream_ended(attempt.trail, attempt.record, self.status_code, outcome, now)
 
 
-async def _while_connected(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+async def _while_connected(request: Incoming, work: Coroutine[Any, Any, Response]) -> Response:
     """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
 
     A client that goes away ends them at once, wherever they are: waiting for a concurrency slot,
@@ -1514,12 +1574,11 @@ def _watchable(cycle: Any) -> bool:
     )
 
 
-def _header_map(request: Request) -> dict[bytes, bytes]:
+def _header_map(scope: Scope) -> dict[bytes, bytes]:
     """The request's headers by (lower-case) name, the first of repeated ones, as Starlette's
     `request.headers.get` reads them: one dict built in C, where each `request.headers` lookup
     scans the list in Python (and a miss raises and catches a KeyError). The Guard in front has
     built it already (HEADERS_KEY); nothing changes it."""
-    scope = request.scope
     found = scope.get(HEADERS_KEY)
     if found is not None:
         return cast(dict[bytes, bytes], found)
@@ -1528,13 +1587,13 @@ def _header_map(request: Request) -> dict[bytes, bytes]:
 
 
 async def _read_body(
-    request: Request, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
+    request: Incoming, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
 ) -> bytes:
     """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
     does, without an async generator per request. `headers`: the request's `_header_map`, when
     the caller has it; `first`: the first message, when the caller has received it."""
-    length = (headers if headers is not None else _header_map(request)).get(b"content-length")
+    length = (headers if headers is not None else _header_map(request.scope)).get(b"content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
     receive = request.receive

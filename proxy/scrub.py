@@ -24,6 +24,7 @@ from typing import Final
 __all__ = ["MIN_SECRET_LENGTH", "REDACTED", "Scrubber", "StreamScrubber", "scrub_shapes"]
 
 REDACTED: Final = "***"
+_REDACTED_BYTES: Final = REDACTED.encode()  # (once: every relayed success body is scrubbed)
 
 MIN_SECRET_LENGTH: Final = 8
 """Configured secrets shorter than this are not searched for: replacing every "abc" in a text would
@@ -73,7 +74,7 @@ class Scrubber:
         secrets replaced. Cheap when there are none, or none of them is in `data`."""
         if self._bytes is None:
             return data
-        return self._bytes.sub(REDACTED.encode(), data)
+        return self._bytes.sub(_REDACTED_BYTES, data)
 
     def error_bytes(self, data: bytes) -> bytes:
         """An error body relayed to the client: like `__call__`, on bytes that may not be UTF-8."""

@@ -43,6 +43,8 @@ from proxy.traffic import TrafficStats, Usage
 MESSAGE_LIMIT = 200
 """The most of an error message a record keeps."""
 REASON_LIMIT = 120
+_STATUS = OutcomeKind.STATUS
+"""(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
 
 
 def span(ms: float) -> str:
@@ -182,12 +184,21 @@ class Trail:
         status: int | None,
         *,
         committed: bool,
+        now: float | None = None,
     ) -> None:
         """One attempt recorded by the engine; `committed`: its stream had reached the client
-        (it can no longer fall back)."""
+        (it can no longer fall back); `now`: when it ended (the clock's reading unless given)."""
         kind = outcome.kind
         result: AttemptOutcome
-        if status is not None and 200 <= status < 300 and outcome.is_success:  # the common case first
+        answered = outcome.status
+        if (
+            status is not None
+            and 200 <= status < 300
+            # `outcome.is_success`, inline (a property is a call): the common case first
+            and kind is _STATUS
+            and answered is not None
+            and 200 <= answered < 300
+        ):
             result, reason = "ok", "ok"
         elif kind is OutcomeKind.CLIENT_DISCONNECT:
             result, reason = "disconnect", "the client went away"
@@ -208,13 +219,15 @@ class Trail:
         if result == "fallback":
             self.fallbacks[pid] = self.fallbacks.get(pid, 0) + 1
         started = attempt.started_at
+        if now is None:
+            now = self.clock.now()
         record.attempts.append(
             (
-                str(attempt.target),
+                attempt.target.name,
                 pid,
                 attempt.connection.id,
                 started,
-                self.clock.now() - started,
+                now - started,
                 status,
                 result,
                 reason,
@@ -321,11 +334,15 @@ class Trail:
         record.state = "streaming"
         self.version += 1
 
-    def end(self, record: RequestRecord, status: int | None, *, state: str | None = None) -> None:
-        """The request is over: `status` is what the client got; its record joins the ring."""
+    def end(
+        self, record: RequestRecord, status: int | None, *, state: str | None = None, now: float | None = None
+    ) -> None:
+        """The request is over: `status` is what the client got; its record joins the ring. `now`:
+        when (the clock's reading unless given)."""
         if record.ended_at is not None:
             return
-        now = self.clock.now()
+        if now is None:
+            now = self.clock.now()
         record.ended_at = now
         record.status = status
         if state is None:

@@ -13,13 +13,15 @@ import os
 import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from proxy.resilience.outcome import Outcome
 
 _PLAIN_HEADERS_CACHED = 64
+_URLS_CACHED = 256
 MAX_ERROR_BODY = 1024 * 1024
 """An upstream's error body is relayed whole up to this size; a gateway that answers an error
 with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
@@ -66,26 +68,38 @@ class UpstreamResponse:
             self._headers = {k.lower(): v for k, v in self._response.headers.items()}
         return self._headers
 
+    def read_arrived(self) -> bytes | None:
+        """The whole body if it has all arrived already (the common case for a short answer: it
+        came with the headers), released as `read` leaves it; None when some is still to come.
+        Not a coroutine: there is nothing to wait for, and a coroutine is an object per call."""
+        response = self._response
+        content = response.content
+        if not content.is_eof() or content.exception() is not None:
+            return None
+        # No deadline to set up. (A body can only be buffered whole up to aiohttp's read buffer
+        # limits; the size check is kept all the same.)
+        data = content.read_nowait()
+        if len(data) > MAX_UPSTREAM_BODY_BYTES:
+            response.close()
+            raise UpstreamFailure(
+                Outcome.network(f"upstream body larger than {MAX_UPSTREAM_BODY_BYTES} bytes")
+            )
+        response.release()
+        return data
+
     async def read(self) -> bytes:
         """The whole body: within `body_timeout_ms` of the headers and at most MAX_UPSTREAM_BODY_BYTES.
+        Once it has returned, the response is released: `close` has nothing left to do.
 
         The idle timeout alone cannot end a body that trickles (keep-alive pings on a non-streaming
         request reset it with every byte): the request would never end, and its buffer would grow
         for as long as the upstream went on. Either bound failing is an UpstreamFailure.
         """
+        arrived = self.read_arrived()
+        if arrived is not None:
+            return arrived
         limit = MAX_UPSTREAM_BODY_BYTES
         response = self._response
-        content = response.content
-        if content.is_eof() and content.exception() is None:
-            # The whole body came with the headers (the common case for a short answer): there is
-            # nothing to wait for, so no deadline to set up. (A body can only be buffered whole up
-            # to aiohttp's read buffer limits; the size check is kept all the same.)
-            data = content.read_nowait()
-            if len(data) > limit:
-                response.close()
-                raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
-            response.release()
-            return data
         deadline = asyncio.timeout(self._body_timeout_ms / 1000)
         try:
             if response.content_length is not None and response.content_length > limit:
@@ -162,7 +176,11 @@ class UpstreamClient:
         self._deadlines: _Deadlines | None = None
         """The first-byte deadlines of the requests in flight (on the loop they are sent from)."""
         self._plain_headers: dict[str | None, Mapping[str, str]] = {}
-        """API key -> the request headers of a provider without headers or credentials of its own."""
+        """API key -> the request headers of a provider without headers or credentials of its own,
+        as aiohttp's own read-only multidict (a plain mapping is copied into one per request)."""
+        self._urls: dict[str, URL] = {}
+        """URL -> parsed: the same few every time (aiohttp parses a string URL per request, through
+        a Python constructor); at most _URLS_CACHED of them."""
 
     async def start(self) -> None:
         if self._session is None:
@@ -214,7 +232,12 @@ class UpstreamClient:
                 built.update(credentials)
             headers = built
             if not extra_headers and not credentials and len(self._plain_headers) < _PLAIN_HEADERS_CACHED:
-                headers = self._plain_headers[api_key] = MappingProxyType(built)
+                headers = self._plain_headers[api_key] = CIMultiDictProxy(CIMultiDict(built))
+        target = self._urls.get(url)
+        if target is None:
+            target = URL(url)  # as aiohttp would parse it (encoded=False)
+            if len(self._urls) < _URLS_CACHED:
+                self._urls[url] = target
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
         # The first-byte deadline cancels this task when it passes, as an `asyncio.timeout` context
         # would (without its object, reschedule and exit check per request, in Python), and
@@ -235,7 +258,7 @@ class UpstreamClient:
         if deadlines.timer is None or deadline < deadlines.at:
             deadlines.arm(deadline)
         try:
-            response = await self._session.request(method, url, data=body, headers=headers)
+            response = await self._session.request(method, target, data=body, headers=headers)
         except asyncio.CancelledError as exc:
             if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc

@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.readmodel import WINDOWS
-from proxy.traffic import BUCKET_MS, LAT, TrafficStats, count, merged_report
+from proxy.traffic import (
+    BUCKET_MS,
+    LAT,
+    LAT_SUM,
+    LATENCY_EDGES_MS,
+    TTFT,
+    TTFT_SUM,
+    TrafficStats,
+    count,
+    merged_report,
+)
 from proxy.trail import error_of, messages_stream_usage, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
@@ -243,3 +253,30 @@ def test_a_report_holds_exactly_the_requests_its_window_holds(
                 assert report.connections[connection].requests == held.count(connection)
             assert report.providers["p"].requests == held.count("a") + held.count("b")
             assert report.providers["q"].requests == held.count("c")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.floats(0, 400_000, allow_nan=False),
+        st.sampled_from(LATENCY_EDGES_MS).map(float),  # exactly on a bound: the bin below it
+        st.sampled_from(LATENCY_EDGES_MS).map(lambda edge: edge + 1e-9),
+    ),
+    st.one_of(st.none(), st.floats(0, 400_000, allow_nan=False)),
+)
+def test_a_request_lands_in_the_bins_the_bounds_say(ms: float, ttft: float | None) -> None:
+    """The bins `add` finds (bisected on float copies of the bounds) are the ones a plain reading
+    of LATENCY_EDGES_MS gives: the first bound at or above the value, or the last bin."""
+    s = stats()
+    add(s, T0, ms, ttft=ttft)
+    row = s.all_time("p")
+
+    def plain_bin(value: float) -> int:
+        return next((i for i, edge in enumerate(LATENCY_EDGES_MS) if value <= edge), len(LATENCY_EDGES_MS))
+
+    bins = len(LATENCY_EDGES_MS) + 1
+    assert row[LAT : LAT + bins] == [1.0 if i == plain_bin(ms) else 0.0 for i in range(bins)]
+    assert row[TTFT : TTFT + bins] == [
+        1.0 if ttft is not None and i == plain_bin(ttft) else 0.0 for i in range(bins)
+    ]
+    assert row[LAT_SUM] == ms and row[TTFT_SUM] == (ttft or 0.0)

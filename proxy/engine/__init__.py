@@ -17,7 +17,7 @@ every transition is published on the bus. Behind it, one module per idea, all sh
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from proxy.engine.actions import OperatorActions
 from proxy.engine.decisions import Attempt, NoTarget, Recorded, Skip
@@ -30,9 +30,7 @@ from proxy.engine.specs import ConnectionRuntime, ConnectionSpec, ProviderRuntim
 from proxy.engine.stats import RequestStats
 from proxy.resilience.clock import Clock, SystemClock
 from proxy.resilience.events import EventBus
-from proxy.resilience.limiter import RequestLimiter
 from proxy.resilience.lockout import MAX_LOCKOUT_ENTRIES, LockoutTableStatus
-from proxy.resilience.outcome import Outcome
 from proxy.scrub import Scrubber
 from proxy.settings import Settings
 from proxy.shared import SharedState
@@ -97,6 +95,15 @@ class Engine:
         self.connections = layers.connections
         self._routing = Routing(layers)
         self._outcomes = Outcomes(layers, self.scrubber)
+        # The calls every request makes go straight to their part: a facade method in between
+        # would be a Python call of its own for each (about 700 instructions on 3.11).
+        self.select = self._routing.select
+        """Pick the first target with an eligible connection (docs/resilience.md#routing-and-fallback);
+        `tried` holds connection ids this request already attempted. See `Routing.select`."""
+        self.record = self._outcomes.record
+        """Classify one attempt's outcome and apply it to the three layers (`Outcomes.record`)."""
+        self.limiter_for = self._routing.limiter_for
+        """The request-queue limiter of a connection, if the limiter applies to it."""
         self._actions = OperatorActions(layers)
         self._persistence = Persistence(layers, self.store)
 
@@ -122,13 +129,6 @@ class Engine:
 
     # -- routing (routing.py) ------------------------------------------------------------------
 
-    def select(
-        self, targets: Sequence[Target], *, tried: Iterable[str] = (), session: str | None = None
-    ) -> Attempt | NoTarget:
-        """Pick the first target with an eligible connection (docs/resilience.md#routing-and-fallback);
-        `tried` holds connection ids this request already attempted. See `Routing.select`."""
-        return self._routing.select(targets, tried=tried, session=session)
-
     def explain(self, targets: Sequence[Target], tried: set[str]) -> list[Skip]:
         """Why each of `targets` (or one of its connections) cannot take a request now."""
         return self._routing.explain(targets, tried)
@@ -137,19 +137,11 @@ class Engine:
         """Combo order for one request: as written (`priority`) or rotated (`round-robin`)."""
         return self._routing.order_targets(name, strategy, targets)
 
-    def limiter_for(self, conn: ConnectionRuntime, provider: ProviderRuntime) -> RequestLimiter | None:
-        """The request-queue limiter of a connection, if the limiter applies to it."""
-        return self._routing.limiter_for(conn, provider)
-
     def still_eligible(self, attempt: Attempt) -> bool:
         """May an attempt that waited in its connection's request queue still be sent?"""
         return self._routing.still_eligible(attempt)
 
     # -- outcomes (outcomes.py) ----------------------------------------------------------------
-
-    def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
-        """Classify one attempt's outcome and apply it to the three layers."""
-        return self._outcomes.record(attempt, outcome, session=session)
 
     def probe_waiting(self, attempt: Attempt) -> None:
         """The attempt is about to wait in our own queues: a probe's lease stops running meanwhile."""

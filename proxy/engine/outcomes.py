@@ -37,9 +37,13 @@ class Outcomes(EnginePart):
         super().__init__(layers)
         self.scrubber = scrubber
 
-    def record(self, attempt: Attempt, outcome: Outcome, *, session: str | None = None) -> Recorded:
-        """Classify one attempt's outcome and apply it to the three layers."""
-        now = self.clock.now()
+    def record(
+        self, attempt: Attempt, outcome: Outcome, *, session: str | None = None, now: float | None = None
+    ) -> Recorded:
+        """Classify one attempt's outcome and apply it to the three layers (at `now`, the clock's
+        reading unless the caller took it)."""
+        if now is None:
+            now = self.clock.now()
         provider = attempt.provider
         conn = attempt.connection
         conn.in_flight -= 1

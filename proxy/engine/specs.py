@@ -7,7 +7,7 @@ the counters routing reads. The read model reads these; nothing outside the engi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.resilience.breaker import CircuitBreaker
 from proxy.resilience.cooldown import ConnectionHealth
@@ -46,9 +46,15 @@ class Target:
     provider: str
     model: str
     connection_id: str | None = None
+    name: str = field(init=False, repr=False, compare=False)
+    """`provider/model`, as `str()` writes it: made once, since every attempt writes it down (a
+    `__str__` call and an f-string per read), while a target is made once per route."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", f"{self.provider}/{self.model}")
 
     def __str__(self) -> str:
-        return f"{self.provider}/{self.model}"
+        return self.name
 
 
 class ConnectionRuntime:

@@ -20,6 +20,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from time import monotonic as _monotonic
 from types import TracebackType
 from typing import Protocol
 
@@ -44,11 +45,12 @@ class Clock(Protocol):
 
 class SystemClock:
     def __init__(self) -> None:
-        self._wall_anchor = time.time() * 1000.0
-        self._mono_anchor = time.monotonic() * 1000.0
+        # The wall clock's distance from the monotonic one, taken once: a reading is then one
+        # addition (a request reads the clock half a dozen times).
+        self._offset = time.time() * 1000.0 - time.monotonic() * 1000.0
 
     def now(self) -> float:
-        return self._wall_anchor + (time.monotonic() * 1000.0 - self._mono_anchor)
+        return _monotonic() * 1000.0 + self._offset
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         return _LoopTimer(self, asyncio.get_running_loop(), when, callback)

@@ -97,3 +97,17 @@ async def test_the_system_clock_runs_a_timer_at_its_time() -> None:
     assert 0.025 <= loop.time() - started < 1.0
     async with timeout_at(clock, clock.now() + 1_000):
         pass  # a deadline not reached leaves the block alone
+
+
+def test_the_system_clock_reads_epoch_milliseconds_and_never_goes_back() -> None:
+    """`now()` is the wall clock in ms (anchored once, then moved by the monotonic clock): within a
+    second of `time.time()` however it is computed, and never smaller than the reading before."""
+    import time
+
+    clock = SystemClock()
+    readings = [clock.now() for _ in range(10_000)]
+    assert readings == sorted(readings)
+    assert abs(clock.now() - time.time() * 1000.0) < 1_000.0
+    before = clock.now()
+    time.sleep(0.02)
+    assert 15.0 <= clock.now() - before < 1_000.0
