@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import passthrough, untrusted
 from proxy.guard import STARTED_KEY, Guard, stamping
 from proxy.manage import management_routes
-from proxy.pipeline import WHOLE_ANSWERS, DoorRequest, Incoming
+from proxy.pipeline import WHOLE_ANSWERS
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
 
@@ -60,8 +60,8 @@ class ApiRoutes:
         proxy.guard.DirectAnswers)."""
         try:
             response = await self.endpoints[scope["path"]](scope, receive)
-        except ClientDisconnect as exc:
-            response = await client_gone(DoorRequest(scope, receive), exc)
+        except ClientDisconnect:
+            response = client_gone_answer()
         if type(response) in WHOLE_ANSWERS and response.background is None:
             # What Response.__call__ does (for an http scope), without a coroutine of its own, and
             # with the Guard's headers put on as it would.
@@ -73,10 +73,15 @@ class ApiRoutes:
         await response(scope, receive, stamping(send, added, scope))
 
 
-async def client_gone(request: Incoming, exc: Exception) -> Response:
+def client_gone_answer() -> Response:
     # The client hung up while sending its body: nobody will read an answer, and it is not a
     # failure of ours, so it must not reach the log as "unhandled error" with a traceback.
     return error_response(499, "client disconnected while sending the request", "client_disconnected")
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """`client_gone_answer` as Starlette's handler of ClientDisconnect, for the routes it runs."""
+    return client_gone_answer()
 
 
 def api_routes(runtime: Runtime) -> dict[str, Endpoint]:

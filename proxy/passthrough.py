@@ -37,7 +37,7 @@ async def count_tokens(runtime: Runtime, request: Request) -> Response:
 
 async def _count_tokens(runtime: Runtime, request: Request) -> Response:
     try:
-        raw = await _read_body(request)
+        raw = await _read_body(request.scope, request.receive)
     except BodyTooLarge:
         return error_response(413, "request body exceeds 32 MiB", "request_too_large")
     except ClientDisconnect:
@@ -116,7 +116,7 @@ async def response_follow_up(runtime: Runtime, request: Request) -> Response:
     data = None
     if request.method == "POST":
         try:
-            data = await _read_body(request) or None
+            data = await _read_body(request.scope, request.receive) or None
         except BodyTooLarge:
             return error_response(413, "request body exceeds 32 MiB", "request_too_large")
     return await _send_once(runtime, request, owner, request.method, path, data, "responses")

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from starlette.requests import ClientDisconnect
@@ -91,29 +91,6 @@ class BodyTooLarge(Exception):
 _Send = tuple[str, str | None, Mapping[str, str], Mapping[str, str] | None]
 """(url, bearer key, extra headers, credential headers) of an attempt (`Pipeline._send_of`)."""
 _NO_SENDS: dict[str, _Send] = {}
-
-
-class Incoming(Protocol):
-    """What the body reader and the client watch read of a request: its ASGI scope and `receive`.
-    A Starlette `Request` is one, and so is a `DoorRequest`."""
-
-    @property
-    def scope(self) -> Scope: ...
-
-    @property
-    def receive(self) -> Receive: ...
-
-
-class DoorRequest:
-    """A request's scope and `receive` as an `Incoming`, for the few paths that need one: the API
-    routes pass the two themselves (an object per request, even this one, costs about 1.5 k
-    instructions to make and free; a Starlette `Request` about 4 k more)."""
-
-    __slots__ = ("receive", "scope")
-
-    def __init__(self, scope: Scope, receive: Receive) -> None:
-        self.scope = scope
-        self.receive = receive
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +262,7 @@ class Pipeline:
                     or message.get("more_body", False)
                     or len(raw) > MAX_BODY_BYTES
                 ):
-                    raw = await _read_body(DoorRequest(scope, receive), headers, message)
+                    raw = await _read_body(scope, receive, headers, message)
             except BodyTooLarge:
                 response = error_response(413, "request body exceeds 32 MiB", "request_too_large")
                 return response
@@ -1405,7 +1382,7 @@ class _RelayResponse(StreamingResponse):
                     _stream_ended(attempt.trail, attempt.record, self.status_code, outcome, now)
 
 
-async def _while_connected(request: Incoming, work: Coroutine[Any, Any, Response]) -> Response:
+async def _while_connected(receive: Receive, work: Coroutine[Any, Any, Response]) -> Response:
     """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
 
     A client that goes away ends them at once, wherever they are: waiting for a concurrency slot,
@@ -1418,7 +1395,7 @@ async def _while_connected(request: Incoming, work: Coroutine[Any, Any, Response
     Cancelled, the attempts' scopes run their finally blocks before the cancellation reaches
     here: slots and probe are back before the answer. (`Pipeline.handle` does the same inline.)
     """
-    watch = _ClientWatch(request.receive)
+    watch = _ClientWatch(receive)
     try:
         return await work
     except asyncio.CancelledError:
@@ -1587,16 +1564,15 @@ def _header_map(scope: Scope) -> dict[bytes, bytes]:
 
 
 async def _read_body(
-    request: Incoming, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
+    scope: Scope, receive: Receive, headers: Mapping[bytes, bytes] | None = None, first: Message | None = None
 ) -> bytes:
     """The whole body, at most MAX_BODY_BYTES (BodyTooLarge past that); ClientDisconnect when the
     client leaves before it is in. Read from the ASGI messages themselves, as Request.stream()
     does, without an async generator per request. `headers`: the request's `_header_map`, when
     the caller has it; `first`: the first message, when the caller has received it."""
-    length = (headers if headers is not None else _header_map(request.scope)).get(b"content-length")
+    length = (headers if headers is not None else _header_map(scope)).get(b"content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise BodyTooLarge
-    receive = request.receive
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -14,7 +14,6 @@ import socket
 import threading
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
@@ -37,7 +36,7 @@ async def test_without_uvicorn_a_disconnect_ends_the_work_with_499() -> None:
         return {"type": "http.disconnect"}
 
     assert _cycle_of(receive) is None
-    task = asyncio.ensure_future(_while_connected(Request(SCOPE, receive), _forever()))
+    task = asyncio.ensure_future(_while_connected(receive, _forever()))
     await asyncio.sleep(0.01)
     assert not task.done()
     left.set()
@@ -53,7 +52,7 @@ async def test_without_uvicorn_another_message_ends_only_the_watch() -> None:
         await asyncio.sleep(0.05)
         return Response(b"ok")
 
-    response = await asyncio.wait_for(_while_connected(Request(SCOPE, receive), work()), 5)
+    response = await asyncio.wait_for(_while_connected(receive, work()), 5)
     assert response.status_code == 200
 
 
@@ -68,8 +67,7 @@ class _WatchedApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        request = Request(scope, receive)
-        await _read_body(request)
+        await _read_body(scope, receive)
         self.uvicorn_cycle.append(_cycle_of(receive) is not None)
         quick = scope["path"] == "/quick"
 
@@ -78,7 +76,7 @@ class _WatchedApp:
                 return Response(b"ok")
             return await _forever()
 
-        response = await _while_connected(request, work())
+        response = await _while_connected(receive, work())
         self.statuses.append(response.status_code)
         self.done.set()
         await response(scope, receive, send)
