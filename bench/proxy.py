@@ -1,10 +1,12 @@
 """The proxy speed bars of docs/performance.md, in one command and one run: read the ratios, not the times.
 
-    python bench/proxy.py                                # everything (about 2 minutes)
+    python bench/proxy.py                                # everything (about 5 minutes)
     python bench/proxy.py --seconds 1 --rounds 2 --connections 1,8 --skip-stream   # a quick look
     python bench/proxy.py --only direct,floor,omniroute  # leave LiteLLM out even when installed
     python bench/proxy.py --only omniroute,cooling,flapping --skip-stream   # rejections vs successes
-    python bench/proxy.py --only omniroute,unrecorded --connections 8 --skip-stream  # recording's cost
+    python bench/proxy.py --only unrecorded --skip-stream --skip-agent --recording-pairs 8 --recording-control
+                                                         # recording's cost, and how far apart two
+                                                         #   instances of the same program come out
     python bench/proxy.py --only direct,floor,omniroute --connections 8 --skip-stream --skip-agent
 
 Non-streaming: a fixed-reply nginx upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8
@@ -28,10 +30,13 @@ the key keeps coming back and each time a burst of requests finds it usable for 
 rejection should cost no more than a success, and no rejected request should wait in the key's
 request queue (whose pacing is 200 ms) for a turn it will not use.
 
-Recording: *unrecorded* is a second `omniroute serve` of the same config with `[server]
-request_history = 0` (no request trail, no statistics), against the same upstream in the same
-rounds: omniroute / unrecorded throughput is what recording costs (bar: at most 5 % at 8
-connections).
+Recording: pairs of fresh instances of `omniroute serve`, each pair started for the measurement
+and stopped after it: *recorded* (this config as it is) and *unrecorded* (the same with `[server]
+request_history = 0`: no request trail, no statistics), taking turns at 8 connections;
+recorded / unrecorded throughput over every round of every pair is what recording costs (bar: at
+most 5 %). Fresh pairs, not one instance of each, because two instances of the same program here
+come out up to a tenth apart for as long as they live: `--recording-control` measures as many
+pairs of two recorded instances and prints how far apart they came out.
 
 Streaming: sse_upstream.py emits a 2,000-event SSE stream, one send per event, as fast as it can
 (chat, then the same stream in the Messages API's form through `/v1/messages`, bar >= 0.90).
@@ -74,9 +79,11 @@ PORTS = {
     "omniroute": 14010,
     "litellm": 14000,
     "quiet": 14011,
+    "recorded": 14012,
 }
-"""`quiet`: omniroute with recording off (`unrecorded`)."""
-UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT = PORTS.values()
+"""`quiet` and `recorded`: the fresh pairs of instances that measure recording's cost, one with
+recording off (`unrecorded`) and one with it on, as `omniroute serve` runs by default."""
+UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT, RECORDED_PORT = PORTS.values()
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
 TARGETS = ("direct", "floor", "omniroute", "unrecorded", "cooling", "flapping", "litellm")
 REJECTIONS = ("cooling", "flapping")
@@ -210,8 +217,8 @@ def cpu_seconds(session: int) -> float:
 
 def offset_ports(offset: int) -> None:
     """Move every port of this benchmark by `offset` (--port-offset)."""
-    global UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT
-    UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT = (
+    global UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT, RECORDED_PORT
+    UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, LITELLM_PORT, QUIET_PORT, RECORDED_PORT = (
         p + offset for p in PORTS.values()
     )
 
@@ -527,12 +534,13 @@ def table(report: Report, rounds: Rounds) -> None:
 
 
 def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm: str) -> None:
-    table(report, rounds)
-    report.line(
-        "(medians of the rounds; spread: the rounds' req/s max - min over the median; cpu us/req: CPU time\n"
-        " of the target's processes per request, user + system: direct is nginx)"
-    )
-    report.line("ratios below: medians of the per-round ratios (each round's targets ran back to back)")
+    if rounds:
+        table(report, rounds)
+        report.line(
+            "(medians of the rounds; spread: the rounds' req/s max - min over the median; cpu us/req: CPU time\n"
+            " of the target's processes per request, user + system: direct is nginx)"
+        )
+        report.line("ratios below: medians of the per-round ratios (each round's targets ran back to back)")
     for c in conns:
         parts = [f"c={c}:"]
         floor_ratio = throughput_ratio(rounds, "omniroute", "floor", c)
@@ -583,30 +591,91 @@ def nonstream_section(report: Report, rounds: Rounds, conns: list[int], litellm:
         report.bar(name, bar, measured, ratio >= BAR_LITELLM)
 
 
-def recording_section(report: Report, rounds: Rounds, conns: list[int]) -> None:
-    """omniroute (recording on) against unrecorded (request_history = 0), in the same rounds."""
-    if not any(("unrecorded", c) in rounds for c in conns):
-        return
+RECORDING_CONNECTIONS = 8
+"""The connection count of the recording bar."""
+
+
+@dataclass
+class RecordingPairs:
+    """Per-round ratios (recorded / other instance, throughput and CPU per request), one list per
+    pair of fresh instances; `other` says what the other instance was."""
+
+    other: str
+    rps: list[list[float]]
+    cpu: list[list[float]]
+
+    def pooled(self, figure: str = "rps") -> float:
+        return statistics.median(r for pair in (self.rps if figure == "rps" else self.cpu) for r in pair)
+
+
+def recording_pairs(
+    tmp: Path, pairs: int, rounds: int, seconds: int, *, control: bool = False
+) -> RecordingPairs:
+    """Recording's cost over `pairs` pairs of fresh `omniroute serve` instances, started for this
+    and stopped after: one with recording on (the default request_history), one with
+    `request_history = 0` (recording off) or, for the `control`, a second one with recording on:
+    two instances that differ in nothing. Each pair takes turns in `rounds` rounds at
+    RECORDING_CONNECTIONS after a warm-up that fills the request ring.
+
+    Why fresh pairs rather than one instance of each for the whole run: two instances of the same
+    program on this kind of machine differ by up to a tenth in throughput for as long as they
+    live (the control shows it), which on one pair is twice the bar. Pairs start in alternating
+    order, so neither side is always the one started first."""
+    result = RecordingPairs("twin" if control else "unrecorded", [], [])
+    for n in range(pairs):
+        procs = Processes(tmp)
+        sides = [("recorded", RECORDED_PORT, None), (result.other, QUIET_PORT, None if control else 0)]
+        if n % 2:
+            sides.reverse()
+        targets: dict[str, Target] = {}
+        try:
+            for name, port, history in sides:
+                config = omni_config().replace(f"port = {OMNI_PORT}\n", f"port = {port}\n")
+                if history is not None:
+                    config = config.replace("[server]\n", f"[server]\nrequest_history = {history}\n")
+                path = tmp / f"{name}-{n}.toml"
+                path.write_text(config)
+                path.chmod(0o600)
+                cmd = [*omniroute_command(), "serve", "--config", str(path)]
+                procs.start(f"{name}-{n}", [*cmd, "--state", str(tmp / f"{name}-{n}.db")], cwd=ROOT)
+            for name, port, _ in sides:
+                if not wait_port(port):
+                    raise RuntimeError(f"{name} did not start: {procs.log_tail(f'{name}-{n}')}")
+                targets[name] = (port, "bench/bench-model", "sk-bench", procs.session(f"{name}-{n}"))
+            # measure() warms each for 2 s: at this rate, well past the ring's 2,000 records.
+            runs = measure(targets, RECORDING_CONNECTIONS, seconds, rounds)
+        finally:
+            procs.stop_all()
+        pair = list(zip(runs["recorded"], runs[result.other], strict=True))
+        result.rps.append([a["rps"] / b["rps"] for a, b in pair if b["rps"]])
+        result.cpu.append([a["cpu_us"] / b["cpu_us"] for a, b in pair if b["cpu_us"]])
+    return result
+
+
+def recording_section(report: Report, measured: RecordingPairs, control: RecordingPairs | None) -> None:
+    """Recording on vs off over fresh pairs; the control, when run, says how far apart two
+    instances that differ in nothing come out."""
+    c = RECORDING_CONNECTIONS
     report.line()
-    report.line("recording on vs off (omniroute / unrecorded), medians of the per-round ratios")
-    for c in conns:
-        rps = throughput_ratio(rounds, "omniroute", "unrecorded", c)
-        cpu = throughput_ratio(rounds, "omniroute", "unrecorded", c, "cpu_us")
-        if rps is not None and cpu is not None:
-            each = [
-                o["rps"] / q["rps"]
-                for o, q in zip(rounds[("omniroute", c)], rounds[("unrecorded", c)], strict=True)
-                if q["rps"]
-            ]
-            spread = f"rounds {min(each):.3f}-{max(each):.3f}" if each else ""
-            report.line(f"  c={c}: throughput {rps:.3f} ({spread}), CPU per request x{cpu:.3f}")
-    ratio = throughput_ratio(rounds, "omniroute", "unrecorded", 8)
-    name, bar = "recording on vs off, 8 conns", f">= {BAR_RECORDING:.2f}"
-    if ratio is None:
-        report.bar(name, bar, "not measured (needs c=8, omniroute, unrecorded)", None)
-    else:
-        o, q = summary(rounds[("omniroute", 8)]), summary(rounds[("unrecorded", 8)])
-        report.bar(name, bar, f"{ratio:.3f} ({o['rps']:.0f} vs {q['rps']:.0f} req/s)", ratio >= BAR_RECORDING)
+    report.line(
+        f"recording on vs off (recorded / unrecorded), c={c}, {len(measured.rps)} pairs of fresh "
+        "instances: medians of all their per-round ratios"
+    )
+    for label, pairs in (("on / off", measured), ("control, on / on", control)):
+        if pairs is None or not any(pairs.rps):
+            continue
+        each = " ".join(f"{statistics.median(p):.3f}" for p in pairs.rps if p)
+        report.line(
+            f"  {label:<16} throughput {pairs.pooled():.3f} (pairs {each}), "
+            f"CPU per request x{pairs.pooled('cpu'):.3f}"
+        )
+    name, bar = f"recording on vs off, {c} conns", f">= {BAR_RECORDING:.2f}"
+    if not any(measured.rps):
+        report.bar(name, bar, "not measured", None)
+        return
+    ratio = measured.pooled()
+    noise = "" if control is None or not any(control.rps) else f"; control {control.pooled():.3f}"
+    report.bar(name, bar, f"{ratio:.3f} ({len(measured.rps)} pairs{noise})", ratio >= BAR_RECORDING)
 
 
 def agent_section(report: Report, rounds: Rounds, c: int) -> None:
@@ -784,6 +853,17 @@ def main(argv: list[str] | None = None) -> int:
         help="add this to every port the benchmark uses (another run holds the default ones)",
     )
     ap.add_argument("--stream-runs", type=int, default=30, help="streams per path (default 30)")
+    ap.add_argument(
+        "--recording-pairs",
+        type=int,
+        default=4,
+        help="pairs of fresh instances (recording on, off) that measure recording's cost (default 4)",
+    )
+    ap.add_argument(
+        "--recording-control",
+        action="store_true",
+        help="also measure as many pairs of two recording instances: how far apart the same program comes out",
+    )
     args = ap.parse_args(argv)
     wanted = [t.strip() for t in args.only.split(",") if t.strip()]
     unknown = sorted(set(wanted) - set(TARGETS))
@@ -796,7 +876,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"missing {tool}: apt-get install -y nginx wrk", file=sys.stderr)
             return 1
     busy = [
-        p for p in (UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, QUIET_PORT, LITELLM_PORT) if port_open(p)
+        p
+        for p in (UPSTREAM_PORT, SSE_PORT, FLOOR_PORT, OMNI_PORT, QUIET_PORT, RECORDED_PORT, LITELLM_PORT)
+        if port_open(p)
     ]
     if busy:
         print(f"ports already in use: {busy} (another benchmark running?)", file=sys.stderr)
@@ -863,17 +945,6 @@ def main(argv: list[str] | None = None) -> int:
                     prepare_rejections(OMNI_PORT)
                 for name in rejections:
                     targets[name] = (OMNI_PORT, f"{name}/bench-model", "sk-bench", session)
-        if "unrecorded" in wanted:
-            quiet = omni_config().replace(
-                f"port = {OMNI_PORT}\n", f"port = {QUIET_PORT}\nrequest_history = 0\n"
-            )
-            (tmp / "quiet.toml").write_text(quiet)
-            (tmp / "quiet.toml").chmod(0o600)
-            cmd = [*omniroute_command(), "serve", "--config", str(tmp / "quiet.toml")]
-            procs.start("unrecorded", [*cmd, "--state", str(tmp / "quiet.db")], cwd=ROOT)
-            if need("unrecorded", QUIET_PORT):
-                session = procs.session("unrecorded")
-                targets["unrecorded"] = (QUIET_PORT, "bench/bench-model", "sk-bench", session)
         litellm_note = "not installed" if shutil.which("litellm") is None else "not run (--only)"
         if "litellm" in wanted and shutil.which("litellm"):
             procs.start(
@@ -902,7 +973,7 @@ def main(argv: list[str] | None = None) -> int:
             f"after a 2 s warm-up; targets {', '.join(targets)}; {os.cpu_count()} CPUs"
         )
         rounds: Rounds = {}
-        for c in conns:
+        for c in conns if targets else ():
             try:
                 for name, runs in measure(targets, c, args.seconds, args.rounds).items():
                     rounds[(name, c)] = runs
@@ -911,7 +982,18 @@ def main(argv: list[str] | None = None) -> int:
                 failed = True
         report.line()
         nonstream_section(report, rounds, conns, litellm_note)
-        recording_section(report, rounds, conns)
+        if "unrecorded" in wanted:
+            try:
+                measured = recording_pairs(tmp, args.recording_pairs, args.rounds, args.seconds)
+                control = None
+                if args.recording_control:
+                    control = recording_pairs(
+                        tmp, args.recording_pairs, args.rounds, args.seconds, control=True
+                    )
+                recording_section(report, measured, control)
+            except RuntimeError as exc:
+                print(f"recording: {exc}", file=sys.stderr)
+                failed = True
         rejection_section(report, rounds, conns)
 
         agent_targets = {n: t for n, t in targets.items() if n in ("direct", "floor", "omniroute")}
