@@ -96,12 +96,14 @@ _Slot = tuple[str, str]  # (kind, id): kind b (breaker), c (connection), l (lock
 @dataclass(slots=True)
 class _Job:
     kind: str
-    """b, c, l: a transition; x: an event only; renew: a probe lease's renewal."""
+    """b, c, l: a transition; x: an event only; renew: a probe lease's renewal; release: a probe
+    lease given back without an outcome (its owner in `owner`)."""
     ident: str
     mutate: Callable[[Any], object] | None = None
     lease: bool = False
     """A breaker job of the probe: give the lease back once it is recorded."""
     event: Event | None = None
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,14 +450,20 @@ class FleetState:
         except RedisError as exc:
             self._lost(exc)
             return True
+        except asyncio.CancelledError:
+            # The client left while Redis answered: the attempt goes no further, so it is withdrawn
+            # here (nothing else holds it yet), and the lease, which Redis may have granted, is
+            # given back (the release compares the owner), or the fleet would wait out its TTL.
+            _withdraw(attempt, self._clock.now())
+            if self._jobs is not None:
+                self._enqueue(_Job("release", provider, owner=owner))
+            raise
         if taken:
             self._leases[provider] = owner
             return True
         now = self._clock.now()
-        attempt.connection.in_flight -= 1
-        breaker = attempt.provider.breaker
-        breaker.release_probe(now, attempt.probe_ticket)
-        breaker.hold_probe_elsewhere(now + max(int(remaining), 50))
+        _withdraw(attempt, now)
+        attempt.provider.breaker.hold_probe_elsewhere(now + max(int(remaining), 50))
         return False
 
     # ------------------------------------------------------------------ session pins, response owners
@@ -518,6 +526,8 @@ class FleetState:
                     await self._send_event(job)
                 elif job.kind == "renew":
                     await self._renew(job.ident)
+                elif job.kind == "release":
+                    await self._withdrawn(job.ident, job.owner)
                 else:
                     await self._transition(job)
             except (RedisError, OSError) as exc:
@@ -605,19 +615,33 @@ class FleetState:
             approximate=True,
         )
 
-    async def _release(self, provider: str) -> None:
-        owner = self._leases.pop(provider, None)
+    async def _withdrawn(self, provider: str, owner: str | None) -> None:
+        """Give back the lease of a probe withdrawn before it was sent. The feed tells the other
+        replicas it is free; this one, which may have been refused it meanwhile (`take_probe`
+        found it taken), stops waiting for it too, unless it sends a probe of its own by now."""
+        if await self._release(provider, owner):
+            runtime = self._engine.providers.get(provider)
+            if runtime is not None and runtime.breaker.probe_ticket == 0:
+                runtime.breaker.hold_probe_elsewhere(self._clock.now())
+
+    async def _release(self, provider: str, owner: str | None = None) -> bool:
+        """Give back the probe lease `owner` took (by default: the one this replica notes); False
+        when it was not ours any more (run out, taken since)."""
+        if owner is None:
+            owner = self._leases.pop(provider, None)
         if owner is None or self._r is None:
-            return
-        await self._r.eval(
-            RELEASE_PROBE,
-            2,
-            self.key("probe", provider),
-            self.feed_key,
-            owner,
-            provider,
-            self.replica_id,
-            FEED_MAXLEN,
+            return False
+        return bool(
+            await self._r.eval(
+                RELEASE_PROBE,
+                2,
+                self.key("probe", provider),
+                self.feed_key,
+                owner,
+                provider,
+                self.replica_id,
+                FEED_MAXLEN,
+            )
         )
 
     async def _renew(self, provider: str) -> None:
@@ -1000,3 +1024,10 @@ def _plain(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record as it reads back from JSON, so a local one and a stored one compare equal."""
     result: dict[str, Any] = json.loads(json.dumps(record))
     return result
+
+
+def _withdraw(attempt: Attempt, now: float) -> None:
+    """Undo what `select` took for a probe attempt that will not be sent: its connection's slot and
+    the breaker's probe slot."""
+    attempt.connection.in_flight -= 1
+    attempt.provider.breaker.release_probe(now, attempt.probe_ticket)
