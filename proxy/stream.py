@@ -56,6 +56,9 @@ CLIENT_QUEUE = 2_000
 COALESCE_S = 0.25
 """Changed rows are gathered this long into one `state` message."""
 PING_S = 15.0
+PING_CHECKS = 3
+"""Silences are checked every PING_S / PING_CHECKS: a quiet client gets its ping after PING_S to
+PING_S * (1 + 1 / PING_CHECKS) of silence."""
 SNAPSHOT_EVENTS = 200
 """Recent events in a snapshot."""
 SNAPSHOT_REQUESTS = 200
@@ -103,7 +106,7 @@ class Message:
 
 
 class _Client:
-    __slots__ = ("kinds", "queue", "stale", "wake")
+    __slots__ = ("kinds", "ping_due", "queue", "sent_at", "stale", "wake")
 
     def __init__(self, kinds: frozenset[str]) -> None:
         self.kinds = kinds
@@ -112,6 +115,9 @@ class _Client:
         self.stale = False
         """Its queue overflowed and was dropped: it is owed a snapshot."""
         self.wake = asyncio.Event()
+        self.sent_at = 0
+        """The hub's silence check (`StreamHub._checks`) when it was last sent something."""
+        self.ping_due = False
 
 
 class StreamHub:
@@ -137,6 +143,10 @@ class StreamHub:
         self._alive_states: dict[str, str] = {}
         self._requests_gap = 0
         self._counters_due: asyncio.TimerHandle | None = None
+        # One timer for every client's ping (a timeout per client's wait would cost each follower a
+        # task and a timer for every message).
+        self._ping_due: asyncio.TimerHandle | None = None
+        self._checks = 0
         """Records changed while nobody listened: a client that saw no later message starts over."""
         self._unsubscribe = bus.subscribe(self._on_event)
 
@@ -274,6 +284,22 @@ class StreamHub:
         self._publish("counters", self._read.counters_api)
         self._counters_due = asyncio.get_running_loop().call_later(COUNTERS_S, self._counters)
 
+    def _watch_silences(self) -> None:
+        if self._ping_due is None and not self._closed:
+            self._ping_due = asyncio.get_running_loop().call_later(PING_S / PING_CHECKS, self._silences)
+
+    def _silences(self) -> None:
+        """Wake each client that has been sent nothing for PING_S: it owes its client a ping."""
+        self._ping_due = None
+        if self._closed or not self._clients:
+            return
+        self._checks += 1
+        for client in self._clients:
+            if self._checks - client.sent_at >= PING_CHECKS:
+                client.ping_due = True
+                client.wake.set()
+        self._watch_silences()
+
     def _poll_requests(self) -> None:
         self._requests_due = None
         read = self._read
@@ -345,7 +371,9 @@ class StreamHub:
             client.stale = True
         else:
             client.queue.extend(m for m in missed if m.kind in kinds)
+        client.sent_at = self._checks
         self._clients.add(client)
+        self._watch_silences()
         if "counters" in kinds:
             self._watch_counters()
         instance = self.instance
@@ -355,6 +383,7 @@ class StreamHub:
                 if client.stale:
                     client.stale = False
                     client.queue.clear()
+                    client.sent_at = self._checks
                     yield self.snapshot().wire(instance)
                 if client.queue:
                     # What is waiting goes out WRITE_BATCH messages a write (each write is a trip
@@ -362,6 +391,7 @@ class StreamHub:
                     # messages a tick), and the loop serves the requests between two writes: the
                     # encoding is never one long stall on the request path.
                     queue, client.queue = client.queue, deque()
+                    client.sent_at = self._checks
                     while queue:
                         batch = [queue.popleft() for _ in range(min(WRITE_BATCH, len(queue)))]
                         yield b"".join(m.wire(instance) for m in batch)
@@ -369,21 +399,23 @@ class StreamHub:
                             await asyncio.sleep(0)
                 if client.stale or self._closed:
                     continue
-                client.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(client.wake.wait(), PING_S)
+                if client.ping_due:
+                    client.ping_due = False
+                    client.sent_at = self._checks
+                    yield b"id: %s-%d\nevent: ping\ndata: {}\n\n" % (instance.encode(), self._seq)
                     continue
-                yield b"id: %s-%d\nevent: ping\ndata: {}\n\n" % (instance.encode(), self._seq)
+                client.wake.clear()
+                await client.wake.wait()
         finally:
             self._clients.discard(client)
 
     def close(self) -> None:
         """End every client's stream (the server is stopping: open streams must not hold it up)."""
         self._closed = True
-        for due in (self._flush_due, self._requests_due, self._counters_due):
+        for due in (self._flush_due, self._requests_due, self._counters_due, self._ping_due):
             if due is not None:
                 due.cancel()
-        self._flush_due = self._requests_due = self._counters_due = None
+        self._flush_due = self._requests_due = self._counters_due = self._ping_due = None
         self._unsubscribe()
         for client in self._clients:
             client.wake.set()

@@ -122,3 +122,29 @@ async def test_a_long_queue_goes_out_in_batches_with_the_loop_served_between() -
     assert sizes == [stream.WRITE_BATCH, stream.WRITE_BATCH, 3]
     await messages.aclose()
     hub.close()
+
+
+async def test_a_client_is_pinged_after_ping_s_of_silence_and_not_before() -> None:
+    """One timer checks every client's silence (no timeout per wait); the checks are driven here."""
+    runtime = build_runtime()
+    hub = runtime.stream
+    quiet = hub.messages(None, frozenset({"settings"}))
+    busy = hub.messages(None, frozenset({"event"}))
+    await drain(quiet, 2)  # retry, snapshot
+    await drain(busy, 2)
+    for _ in range(stream.PING_CHECKS - 1):
+        hub._silences()
+    hub._publish("event", lambda: {"n": 1})
+    assert kinds_of(await drain(busy, 1)) == ["event"]
+    hub._silences()  # PING_S of silence for `quiet`; a fraction of it for `busy`
+    assert kinds_of(await drain(quiet, 1)) == ["ping"]
+    pending = asyncio.ensure_future(busy.__anext__())  # type: ignore[attr-defined]
+    for _ in range(10):
+        await asyncio.sleep(0)  # the loop's turns: nothing to send `busy` yet
+    assert not pending.done()
+    for _ in range(stream.PING_CHECKS - 1):
+        hub._silences()
+    assert kinds_of([await asyncio.wait_for(pending, 1)]) == ["ping"]
+    for messages in (quiet, busy):
+        await messages.aclose()
+    hub.close()
