@@ -142,12 +142,13 @@ class StreamHub:
         self._finished_mark = 0
         self._alive_states: dict[str, str] = {}
         self._requests_gap = 0
+        """Records changed while nobody listened: a client that saw no later message starts over."""
         self._counters_due: asyncio.TimerHandle | None = None
         # One timer for every client's ping (a timeout per client's wait would cost each follower a
         # task and a timer for every message).
         self._ping_due: asyncio.TimerHandle | None = None
         self._checks = 0
-        """Records changed while nobody listened: a client that saw no later message starts over."""
+        """Silence checks so far (`_silences`): the clock a client's `sent_at` is read against."""
         self._unsubscribe = bus.subscribe(self._on_event)
 
     @property
