@@ -131,7 +131,7 @@ class Runtime:
         self.trail = Trail(self.engine, self.clock, history) if history > 0 else None
         """The request records and traffic statistics (None when `server.request_history` is 0)."""
         if self.fleet is not None and self.trail is not None:
-            self.fleet.stats_source = self.trail.stats.rows
+            self.fleet.stats_source = self.trail.stats_rows
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream, self.trail)
         self.pipeline.owners = self.owners
         self.read = ReadModel(self.engine, self.bus, self.version, self.trail, fleet=self.fleet)

@@ -1,4 +1,5 @@
-"""The traffic statistics, fed by the trail as each request ends.
+"""The traffic statistics, fed by the trail with the requests that ended (in batches: see
+`proxy.trail.FOLD_BATCH`).
 
 The statistics (`TrafficStats`) keep per provider and per connection a ring of 5-second buckets
 (15 minutes) and running totals per window (1, 5 and 15 minutes): a request adds to its bucket

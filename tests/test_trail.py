@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.engine import Attempt, ConnectionSpec, Engine, ProviderSpec, Target
 from proxy.readmodel import WINDOWS
+from proxy.resilience.clock import FakeClock
+from proxy.resilience.outcome import Outcome
+from proxy.settings import Settings
 from proxy.traffic import (
     BUCKET_MS,
     LAT,
@@ -20,7 +24,7 @@ from proxy.traffic import (
     count,
     merged_report,
 )
-from proxy.trail import error_of, messages_stream_usage, span, stream_usage, usage_of
+from proxy.trail import FOLD_BATCH, Trail, error_of, messages_stream_usage, span, stream_usage, usage_of
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
 
@@ -280,3 +284,97 @@ def test_a_request_lands_in_the_bins_the_bounds_say(ms: float, ttft: float | Non
         1.0 if ttft is not None and i == plain_bin(ttft) else 0.0 for i in range(bins)
     ]
     assert row[LAT_SUM] == ms and row[TTFT_SUM] == (ttft or 0.0)
+
+
+# -- the trail's statistics: taken in batches, read as if each request were added at its end ------------
+
+
+def _trail(clock: FakeClock) -> tuple[Trail, Engine]:
+    engine = Engine(
+        [ProviderSpec("p", "local", per_model_quota=False)],
+        [ConnectionSpec("c1", "p", priority=1), ConnectionSpec("c2", "p", priority=2)],
+        clock=clock,
+        settings=Settings(clock=clock),
+    )
+    return Trail(engine, clock, capacity=50), engine
+
+
+def _served(trail: Trail, engine: Engine, clock: FakeClock, n: int, ms: float, status: int) -> None:
+    """Request `n`: one attempt of `ms` from the clock's reading; the client got `status`."""
+    record = trail.begin(f"r{n}", "127.0.0.1", "chat")
+    decision = engine.select([Target("p", "m")])
+    assert isinstance(decision, Attempt)
+    clock.advance(ms)
+    outcome = Outcome.ok()  # (the upstream's answer is the layers' business, not the statistics')
+    recorded = engine.record(decision, outcome)
+    trail.attempt(record, decision, outcome, recorded.verdict, recorded.status, committed=False)
+    trail.end(record, status)  # what the client got: an error counts as one
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("request"),
+                st.sampled_from((0.0, 40.0, 900.0, 4_990.0, 61_000.0, 400_000.0)),  # the pause before it
+                st.floats(1, 20_000),
+                st.sampled_from((200, 200, 200, 500)),
+            ),
+            st.tuples(st.just("read"), st.sampled_from(("1m", "5m", "15m"))),
+        ),
+        max_size=3 * FOLD_BATCH,
+    )
+)
+def test_statistics_taken_in_batches_read_as_if_each_request_were_added_at_its_end(
+    steps: list[tuple[object, ...]],
+) -> None:
+    """The trail adds finished requests to its statistics FOLD_BATCH at a time; whenever they are
+    read, they must hold every request that ended, each in the bucket of its own end, exactly as
+    statistics that took each one when it ended (`reference`) hold them: across bucket boundaries,
+    windows passing by and reads between batches."""
+    clock = FakeClock(T0)
+    trail, engine = _trail(clock)
+    reference = TrafficStats({"p": ["c1", "c2"]})
+    for n, step in enumerate(steps):
+        if step[0] == "request":
+            _, pause, ms, status = step
+            assert isinstance(pause, float) and isinstance(ms, float) and isinstance(status, int)
+            clock.advance(pause)
+            started = clock.now()
+            _served(trail, engine, clock, n, ms, status)
+            last = trail.views(limit=None)[-1].attempts[-1]
+            reference.add(
+                "p",
+                last.connection_id,
+                clock.now(),
+                clock.now() - started,
+                status >= 400,
+                status,
+                None,
+                None,
+                None,
+            )
+        else:
+            window = step[1]
+            assert isinstance(window, str)
+            assert trail.stats.report(window, clock.now()) == reference.report(window, clock.now())
+    for window in WINDOWS:
+        assert trail.stats.report(window, clock.now()) == reference.report(window, clock.now())
+    assert trail.stats.by_status() == reference.by_status()
+    assert trail.stats_rows(clock.now()) == reference.rows(clock.now())
+
+
+def test_the_request_path_leaves_the_statistics_alone_until_a_batch_is_full() -> None:
+    """What the batches are for: a request's end costs the statistics nothing until FOLD_BATCH
+    requests have ended (then all of them go in at once); a read takes the rest at any time."""
+    clock = FakeClock(T0)
+    trail, engine = _trail(clock)
+    untouched = trail._stats.rows(clock.now())
+    for n in range(FOLD_BATCH - 1):
+        _served(trail, engine, clock, n, 10.0, 200)
+    assert trail._stats.rows(clock.now()) == untouched
+    _served(trail, engine, clock, FOLD_BATCH, 10.0, 200)
+    assert trail._stats.report("1m", clock.now()).providers["p"].requests == FOLD_BATCH
+    _served(trail, engine, clock, FOLD_BATCH + 1, 10.0, 200)
+    assert trail.stats.report("1m", clock.now()).providers["p"].requests == FOLD_BATCH + 1
