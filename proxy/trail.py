@@ -45,11 +45,11 @@ MESSAGE_LIMIT = 200
 """The most of an error message a record keeps."""
 REASON_LIMIT = 120
 FOLD_BATCH = 64
-"""Finished records the statistics take at a time. Added one by one as each request ended, the
-statistics cost recording most of a tenth of the throughput at 8 connections (bench/proxy.py),
-several times what their instructions count; added in batches they cost about as much as they
-count: a batch's records go through rows, histogram bounds and code that the first one made hot.
-A read of the statistics takes the rest first, so no reader sees them behind."""
+"""Finished records the statistics take at a time: a batch goes through a connection's bucket row,
+the histogram bounds and the code while they are hot, where one request at a time met them cold
+again between everything else a request touches (bench/proxy.py: recording on / off 0.926 median
+over six runs, 0.905 before; docs/performance.md). A read of the statistics takes the rest first,
+so no reader sees them behind."""
 _STATUS = OutcomeKind.STATUS
 """(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
 
