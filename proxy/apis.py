@@ -194,6 +194,7 @@ def stream_error(api: str, data: Mapping[str, Any] | None) -> StreamError:
 
 _ERROR_MARKERS: Final = (
     # An error event's name, or for an unnamed event its type: one of these is in every error event.
+    # (Each holds `error` or `failed`: ErrorSpotter.feed looks for those words first.)
     b"event: error",
     b"event:error",
     b"event: response.failed",
@@ -234,6 +235,10 @@ class ErrorSpotter:
         if parser is not None:
             return self._parse(parser, chunk)
         data = self._pending + chunk if self._pending else chunk
+        if b"error" not in data and b"failed" not in data:
+            # The common chunk, in two scans: every marker holds one of these words.
+            self._pending = b"" if data.endswith(b"\n\n") else _unfinished(data)
+            return None
         hit = -1
         for marker in _ERROR_MARKERS:
             found = data.find(marker)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from proxy.apis import (
+    _ERROR_MARKERS,
     ANTHROPIC_VERSION,
     MAX_PENDING_BYTES,
     ErrorSpotter,
@@ -194,3 +195,20 @@ def test_the_spotter_keeps_a_bounded_unfinished_event() -> None:
     for _ in range(100):
         assert spotter.feed(b"x" * 4096) is None  # no event boundary ever
     assert len(spotter._pending) <= MAX_PENDING_BYTES
+
+
+def test_every_error_marker_holds_a_word_the_spotter_looks_for_first() -> None:
+    """The spotter passes a chunk over when neither `error` nor `failed` is in it: a marker
+    without either would never be looked for."""
+    assert all(b"error" in marker or b"failed" in marker for marker in _ERROR_MARKERS)
+
+
+def test_the_spotter_keeps_an_unfinished_event_of_a_chunk_without_error_words() -> None:
+    """A chunk that ends inside an event keeps that event's start, so that the event's end in the
+    next chunk (where its error words may be) is read whole."""
+    spotter = ErrorSpotter("messages")
+    event = b'event: content_block_delta\ndata: {"type": "content_block_delta"}\n\n'
+    assert spotter.feed(DELTA + event[:10]) is None
+    assert spotter._pending == event[:10]
+    assert spotter.feed(event[10:]) is None
+    assert spotter._pending == b""
