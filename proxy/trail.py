@@ -47,8 +47,8 @@ REASON_LIMIT = 120
 FOLD_BATCH = 64
 """Finished records the statistics take at a time: a batch goes through a connection's bucket row,
 the histogram bounds and the code while they are hot, where one request at a time met them cold
-again between everything else a request touches (bench/proxy.py: recording on / off 0.926 median
-over six runs, 0.905 before; docs/performance.md). A read of the statistics takes the rest first,
+again between everything else a request touches (bench/proxy.py: recording on / off 0.924 median
+over seven runs, 0.905 before; docs/performance.md). A read of the statistics takes the rest first,
 so no reader sees them behind."""
 _STATUS = OutcomeKind.STATUS
 """(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
