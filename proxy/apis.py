@@ -237,7 +237,7 @@ class ErrorSpotter:
         data = self._pending + chunk if self._pending else chunk
         if b"error" not in data and b"failed" not in data:
             # The common chunk, in two scans: every marker holds one of these words.
-            self._pending = b"" if data.endswith(b"\n\n") else _unfinished(data)
+            self._pending = _unfinished(data)
             return None
         hit = -1
         for marker in _ERROR_MARKERS:
@@ -269,6 +269,8 @@ def _boundary(data: bytes, end: int) -> int:
 
 def _unfinished(data: bytes) -> bytes:
     """The bytes after the last complete event (bounded: an error event is small)."""
+    if data.endswith(b"\n\n"):  # the common chunk: it ends an event, nothing is left over
+        return b""
     rest = data[_boundary(data, len(data)) :]
     return rest[-MAX_PENDING_BYTES:] if len(rest) > MAX_PENDING_BYTES else rest
 
