@@ -485,15 +485,23 @@ def start_observers(
             )
         ], []
     if mode == "attached":
-        out = open(tmp / f"observer-{port}.log", "wb")  # noqa: SIM115  closed with the process
-        return [
-            subprocess.Popen(
+        log = tmp / f"observer-{port}.log"
+        with open(log, "wb") as out:
+            console = subprocess.Popen(
                 observer([sys.executable, __file__, "--observe", url, "--tab", ATTACHED_TAB]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
-        ], []
+        # As for the followers: the measure is of a console that is attached, not of its start
+        # (its snapshot, which the attach figure of (d) times on its own).
+        deadline = time.monotonic() + 60
+        while b"ATTACHED" not in log.read_bytes():
+            if console.poll() is not None or time.monotonic() > deadline:
+                console.kill()
+                raise RuntimeError(f"the attached console did not attach: {log.read_text()[-500:]}")
+            time.sleep(0.05)
+        return [console], []
     command = [
         sys.executable,
         "-c",
@@ -580,6 +588,7 @@ async def observe(url: str, tab: str) -> None:
         while not (remote.connected and remote.mirror.ready):
             await asyncio.sleep(0.01)
         target = (await client.get("/api/resilience/connections")).json()["connections"][-1]["id"]
+        print("ATTACHED", flush=True)  # run_mode measures from here: attached, not attaching
         # Woken by the mirror as it tells the console an event (once the rows it changed are in),
         # not by polling it: the harness must not add wake-ups of its own to the console's.
         told = asyncio.Event()
