@@ -26,6 +26,9 @@
 (e) One redraw tick on the Requests tab with 2,000 finished request records and 50 alive ones
     (whose ages tick), after the clock moved one second, and after 20 more requests ended. Bar:
     <= 50 ms.
+(f) What attaching costs the proxy: the `snapshot` a console or a follower is sent first, built
+    and encoded on the proxy's event loop, with (a)'s state and (e)'s requests. No bar: the loop
+    serves nothing else meanwhile, so this is how long one attach holds every request back.
 
 Read the ratios, not the times: the machine is shared and noisy. Needs nginx and wrk.
 Exits 0 when everything ran (whether or not a bar is met), 1 when something could not run.
@@ -320,6 +323,35 @@ async def tick_bench(samples: int) -> dict[str, float]:
         figures["overview_tick_ms"] = (time.perf_counter() - start) * 1000
     figures["rss_mb"] = rss_mb(os.getpid(), "VmHWM")
     return figures
+
+
+def attach_bench(samples: int) -> dict[str, float]:
+    """(f): what a console or a follower attaching costs the proxy: the `snapshot` it is sent
+    first, built and encoded on the proxy's event loop (nothing else runs meanwhile), with
+    demo-sized state and a full request trail."""
+    import orjson
+
+    from proxy import serve
+
+    runtime = build_runtime(9, DEMO_LOCKOUTS, fake_clock=True)
+    fill_trail(runtime, FINISHED_REQUESTS, ALIVE_REQUESTS)
+    serve.settle_heap()  # as `omniroute serve` does once it is up
+    hub = runtime.stream
+    builds, encodes = [], []
+    size = 0
+    for _ in range(samples):
+        start = time.perf_counter()
+        data = hub.snapshot_data()
+        built = time.perf_counter()
+        size = len(orjson.dumps(data))
+        encodes.append((time.perf_counter() - built) * 1000)
+        builds.append((built - start) * 1000)
+    return {
+        "build_ms": statistics.median(builds),
+        "encode_ms": statistics.median(encodes),
+        "total_max_ms": max(b + e for b, e in zip(builds, encodes, strict=True)),
+        "kb": size / 1024,
+    }
 
 
 def fill_trail(runtime: Any, finished: int, alive: int, start: int = 0) -> None:
@@ -828,6 +860,16 @@ def main(argv: list[str] | None = None) -> int:
         f"  steady tick (every alive request's age moved): {requests_tick['tick_ms']:.1f} ms median, "
         f"{requests_tick['tick_max_ms']:.1f} ms max of {args.samples}; first show "
         f"{requests_tick['first_show_ms']:.1f} ms; after 20 more ended: {requests_tick['burst_tick_ms']:.1f} ms"
+    )
+    print(
+        f"\n(f) a console or follower attaching: its snapshot, built on the proxy's loop "
+        f"({PROVIDERS * CONNECTIONS_PER_PROVIDER} connections, {DEMO_LOCKOUTS:,} lockouts, "
+        f"{FINISHED_REQUESTS:,} + {ALIVE_REQUESTS} requests)"
+    )
+    attach = attach_bench(args.samples)
+    print(
+        f"  build {attach['build_ms']:.1f} + encode {attach['encode_ms']:.1f} ms median, "
+        f"{attach['total_max_ms']:.1f} ms max of {args.samples}; {attach['kb']:.0f} KB sent"
     )
     failed = False
     runs: dict[str, list[dict[str, Any]]] = {}

@@ -649,12 +649,18 @@ class ReadModel:
         return self._trail.version if self._trail is not None else 0
 
     def requests(
-        self, *, after: int = 0, limit: int | None = None, state: str | None = None
+        self,
+        *,
+        after: int = 0,
+        limit: int | None = None,
+        state: str | None = None,
+        newest: int | None = None,
     ) -> list[RequestView]:
-        """Records oldest first (by `seq`), alive ones included unless `state` is "done"."""
+        """Records oldest first (by `seq`), alive ones included unless `state` is "done"; `limit`:
+        the oldest that many, `newest`: the newest that many."""
         if self._trail is None:
             return []
-        return self._trail.views(after=after, limit=limit, state=state)
+        return self._trail.views(after=after, limit=limit, state=state, newest=newest)
 
     @property
     def request_history(self) -> int:

@@ -241,10 +241,13 @@ class StreamHub:
         """The whole read model now, as a `snapshot` message carries it."""
         read = self._read
         events = self._bus.after(0)[-SNAPSHOT_EVENTS:]
+        # Built on the loop while every request waits (bench/tui.py (f)): nothing twice, and views
+        # only of what is sent.
+        health = read.health_api()
         data: dict[str, Any] = {
-            "health": read.health_api(),
+            "health": health,
             "connections": read.connections_api(),
-            "lockouts": read.lockouts_api(),
+            "lockouts": health["lockouts"],  # the same rows as the health document's
             "settings": self._settings_documents(),
             "events": [e.to_dict() for e in events],
         }
@@ -252,7 +255,7 @@ class StreamHub:
             data["requests"] = {
                 "history": read.request_history,
                 "alive": [r.to_api() for r in read.alive_requests()],
-                "recent": [r.to_api() for r in read.requests(state="done")[-SNAPSHOT_REQUESTS:]],
+                "recent": [r.to_api() for r in read.requests(state="done", newest=SNAPSHOT_REQUESTS)],
             }
         return data
 

@@ -449,9 +449,16 @@ class Trail:
         return changed, states
 
     def views(
-        self, *, after: int = 0, limit: int | None = None, state: str | None = None
+        self,
+        *,
+        after: int = 0,
+        limit: int | None = None,
+        state: str | None = None,
+        newest: int | None = None,
     ) -> list[RequestView]:
-        """Oldest first by `seq`: the finished ones (ring order is end order) and the alive ones."""
+        """Oldest first by `seq`: the finished ones (ring order is end order) and the alive ones;
+        `limit`: only the oldest that many, `newest`: only the newest that many. Views are built
+        only for the records returned (a view of every record in the ring is milliseconds)."""
         chosen: list[RequestRecord] = []
         if state != "alive":
             chosen.extend(r for r in self.ring if r.seq > after)
@@ -460,6 +467,8 @@ class Trail:
         chosen.sort(key=_seq)
         if limit is not None:
             chosen = chosen[:limit]
+        if newest is not None:
+            chosen = chosen[len(chosen) - newest :] if newest > 0 else []
         return [r.view() for r in chosen]
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from proxy import stream
-from proxy.readmodel import RequestView
+from proxy.readmodel import LockoutView, RequestView
 from proxy.runtime import Runtime
 from proxy.trail import RequestRecord
 from tests.tui.snapshot_app import build_runtime
@@ -148,3 +148,51 @@ async def test_a_client_is_pinged_after_ping_s_of_silence_and_not_before() -> No
     for messages in (quiet, busy):
         await messages.aclose()
     hub.close()
+
+
+def test_a_snapshot_builds_views_only_of_the_records_it_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attach is served on the proxy's loop: a snapshot views the SNAPSHOT_REQUESTS newest
+    finished records it carries and the alive ones, not the whole ring (2,000 by default)."""
+    monkeypatch.setattr(stream, "SNAPSHOT_REQUESTS", 3)
+    runtime = build_runtime()
+    ids = finish(runtime, 10)
+    trail = runtime.trail
+    assert trail is not None
+    trail.begin("still-running", "127.0.0.1", "chat/completions")
+    alive = set(trail.alive)
+    built = 0
+    view = RequestRecord.view
+
+    def counted(record: RequestRecord) -> RequestView:
+        nonlocal built
+        built += 1
+        return view(record)
+
+    monkeypatch.setattr(RequestRecord, "view", counted)
+    requests = runtime.stream.snapshot_data()["requests"]
+    assert [r["id"] for r in requests["recent"]] == ids[-3:]  # the newest, oldest first
+    assert {r["id"] for r in requests["alive"]} == alive
+    assert built == 3 + len(alive)
+    runtime.stream.close()
+
+
+def test_a_snapshot_renders_each_lockout_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The health document a snapshot carries lists the lockouts its `lockouts` lists: one rendering
+    serves both (it is the costliest part of a snapshot with many lockouts)."""
+    runtime = build_runtime()
+    running = len(runtime.read.lockouts(runtime.read.now()))
+    assert running > 1
+    rendered = 0
+    to_api = LockoutView.to_api
+
+    def counted(view: LockoutView, now: float) -> dict[str, object]:
+        nonlocal rendered
+        rendered += 1
+        return to_api(view, now)
+
+    monkeypatch.setattr(LockoutView, "to_api", counted)
+    data = runtime.stream.snapshot_data()
+    assert rendered == running
+    assert data["lockouts"] == data["health"]["lockouts"] == runtime.read.lockouts_api()
+    assert len(data["lockouts"]) == running
+    runtime.stream.close()
