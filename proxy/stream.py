@@ -309,10 +309,18 @@ class StreamHub:
         read = self._read
         if self._closed:
             return
-        if not any("request" in c.kinds for c in self._clients):
+        wanting = [c for c in self._clients if "request" in c.kinds]
+        if not wanting:
             return  # the next client to ask compares the version it stopped at
         version = read.requests_version
-        if version != self._requests_version:
+        if version != self._requests_version and all(c.stale for c in wanting):
+            # Every client that reads records is owed a snapshot (it stopped reading), which will
+            # say all of it: the marks move on and nothing is viewed. As when nobody listened, a
+            # client that comes back from before now must start over.
+            self._requests_version = version
+            self._requests_gap = self._seq + 1
+            _, self._finished_mark = read.finished_requests(self._finished_mark, 0)
+        elif version != self._requests_version:
             self._requests_version = version
             finished, self._finished_mark = read.finished_requests(self._finished_mark, REQUESTS_PER_TICK)
             changed, self._alive_states = read.alive_changed(self._alive_states)

@@ -196,3 +196,42 @@ def test_a_snapshot_renders_each_lockout_once(monkeypatch: pytest.MonkeyPatch) -
     assert data["lockouts"] == data["health"]["lockouts"] == runtime.read.lockouts_api()
     assert len(data["lockouts"]) == running
     runtime.stream.close()
+
+
+async def test_a_client_owed_a_snapshot_costs_no_request_views_and_then_follows_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that stopped reading and overflowed its queue is owed a snapshot, which will say
+    everything: while that is all it is owed, no record is viewed for it. Once it reads again it
+    gets the snapshot, then the records that end after it."""
+    monkeypatch.setattr(stream, "CLIENT_QUEUE", 2)
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"request"}))
+    await drain(messages, 2)  # retry, snapshot
+    finish(runtime, 3)
+    hub._poll_requests()  # three records for a queue of two: it overflows, a snapshot is owed
+    ids = finish(runtime, 4)
+    built = 0
+    view = RequestRecord.view
+
+    def counted(record: RequestRecord) -> RequestView:
+        nonlocal built
+        built += 1
+        return view(record)
+
+    monkeypatch.setattr(RequestRecord, "view", counted)
+    hub._poll_requests()
+    assert built == 0
+    monkeypatch.setattr(RequestRecord, "view", view)
+    got = await drain(messages, 1)
+    assert kinds_of(got) == ["snapshot"]
+    recent = json.loads(got[0].split(b"data: ", 1)[1])["requests"]["recent"]
+    assert [r["id"] for r in recent][-4:] == ids
+    later = finish(runtime, 1)
+    hub._poll_requests()
+    got = await drain(messages, 1)
+    assert kinds_of(got) == ["request"]
+    assert json.loads(got[0].split(b"data: ", 1)[1])["id"] == later[0]
+    await messages.aclose()
+    hub.close()
