@@ -64,7 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -434,6 +434,7 @@ class StreamRun:
     ttfb_ms: float  # request sent -> first event bytes
     body_ms: float  # first event bytes -> end of the stream
     events: int
+    proxy_reads: int | None = None  # the relaying proxy's read calls during the stream
 
     @property
     def rate(self) -> float:
@@ -465,10 +466,23 @@ async def read_stream(session: Any, url: str, model: str) -> StreamRun:
     return StreamRun((first - t0) * 1000, (end - first) * 1000, events)
 
 
+def read_calls(pid: int) -> int | None:
+    """The read system calls a process has made so far (/proc/PID/io), None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("syscr:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 async def stream_bench(
-    targets: dict[str, tuple[str, str]], runs: int, *, pause: bool = True
+    targets: dict[str, tuple[str, str]], runs: int, *, pause: bool = True, proxy_pid: int | None = None
 ) -> dict[str, dict[str, list[StreamRun]]]:
-    """Alternate the targets run by run so machine noise falls on both alike."""
+    """Alternate the targets run by run so machine noise falls on both alike. With `proxy_pid`,
+    each omniroute run also counts the proxy's read calls (how many events each read carried)."""
     import aiohttp
 
     results: dict[str, dict[str, list[StreamRun]]] = {"fast": {}, "pause": {}}
@@ -479,7 +493,15 @@ async def stream_bench(
                 results[kind][name] = []
             for i in range(warm + count):
                 for name, (url, model) in targets.items():
+                    counted = proxy_pid if name == "omniroute" else None
+                    reads = read_calls(counted) if counted is not None else None
                     run = await read_stream(session, url, model + model_suffix)
+                    if (
+                        reads is not None
+                        and counted is not None
+                        and (after := read_calls(counted)) is not None
+                    ):
+                        run = replace(run, proxy_reads=after - reads)
                     if i >= warm:
                         results[kind][name].append(run)
     return results
@@ -752,6 +774,26 @@ def relay_cpu(results: dict[str, dict[str, list[StreamRun]]], cpu: float) -> str
     return f"the proxy's CPU per relayed event: {cpu / max(events, 1) * 1e6:.1f} us ({cpu:.2f} s over {streams} streams)"
 
 
+def relay_reads(fast: dict[str, list[StreamRun]]) -> str | None:
+    """How many events each of the proxy's reads carried, and the chunk-rate ratio of the streams
+    with fewer reads against those with more: on two cores, where the scheduler puts the upstream,
+    the proxy and the reader decides whether the proxy wakes for every few events or for a batch,
+    and its CPU per event follows (docs/performance.md, "The 2,000-event relay")."""
+    pairs = [(d, o) for d, o in zip(fast["direct"], fast["omniroute"], strict=True) if o.proxy_reads]
+    if len(pairs) < 2:
+        return None
+    split = median([o.proxy_reads or 0 for _, o in pairs])
+    few = [o.rate / d.rate for d, o in pairs if (o.proxy_reads or 0) <= split]
+    many = [o.rate / d.rate for d, o in pairs if (o.proxy_reads or 0) > split]
+    line = (
+        f"the proxy's read calls per stream: median {split:.0f} ({STREAM_CHUNKS / split:.0f} events per read), "
+        f"{min(o.proxy_reads or 0 for _, o in pairs)}-{max(o.proxy_reads or 0 for _, o in pairs)}"
+    )
+    if few and many:
+        line += f"; ratio to direct {median(few):.2f} in the streams read in fewer calls, {median(many):.2f} in more"
+    return line
+
+
 def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]], cpu: float) -> None:
     fast, pause = results["fast"], results["pause"]
     report.line()
@@ -772,6 +814,8 @@ def stream_section(report: Report, results: dict[str, dict[str, list[StreamRun]]
         f" {PAUSE_MS:.0f} ms after its first event, the one that shows buffering)"
     )
     report.line(relay_cpu(results, cpu))
+    if (reads := relay_reads(fast)) is not None:
+        report.line(reads)
     expected = STREAM_CHUNKS + 1  # the events and [DONE]
     complete = all(r.events == expected for runs in fast.values() for r in runs)
     if not complete:
@@ -813,6 +857,8 @@ def messages_section(report: Report, results: dict[str, dict[str, list[StreamRun
             f"{median([r.body_ms for r in runs]):>8.2f} {median([r.ttfb_ms for r in runs]):>8.3f}"
         )
     report.line(relay_cpu(results, cpu))
+    if (reads := relay_reads(fast)) is not None:
+        report.line(reads)
     expected = STREAM_CHUNKS + MESSAGES_EXTRA_EVENTS
     complete = all(r.events == expected for runs in fast.values() for r in runs)
     if not complete:
@@ -1022,11 +1068,13 @@ def main(argv: list[str] | None = None) -> int:
                     # the machine's load moves far less than it moves a rate.
                     omni_session = procs.session("omniroute")
                     before = cpu_seconds(omni_session)
-                    results = run_async(stream_bench(paths, args.stream_runs))
+                    results = run_async(stream_bench(paths, args.stream_runs, proxy_pid=omni_session))
                     cpu = cpu_seconds(omni_session) - before
                     stream_section(report, results, cpu)
                     before = cpu_seconds(omni_session)
-                    results = run_async(stream_bench(messages, args.stream_runs, pause=False))
+                    results = run_async(
+                        stream_bench(messages, args.stream_runs, pause=False, proxy_pid=omni_session)
+                    )
                     messages_section(report, results, cpu_seconds(omni_session) - before)
                 except Exception as exc:
                     print(f"streaming benchmark failed: {exc!r}", file=sys.stderr)
