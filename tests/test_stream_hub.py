@@ -26,6 +26,20 @@ def finish(runtime: Runtime, count: int) -> list[str]:
     return ids
 
 
+class ViewCount:
+    """Counts the request views built from now on (`RequestRecord.view` calls)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.built = 0
+        view = RequestRecord.view
+
+        def counted(record: RequestRecord) -> RequestView:
+            self.built += 1
+            return view(record)
+
+        monkeypatch.setattr(RequestRecord, "view", counted)
+
+
 def kinds_of(wire: list[bytes]) -> list[str]:
     return [
         line.split(b": ", 1)[1].decode()
@@ -52,17 +66,9 @@ async def test_finished_records_are_sent_newest_first_up_to_the_cap(monkeypatch:
     messages = hub.messages(None, frozenset({"request"}))
     await drain(messages, 2)  # retry, snapshot
     ids = finish(runtime, 5)
-    built = 0
-    view = RequestRecord.view
-
-    def counted(record: RequestRecord) -> RequestView:
-        nonlocal built
-        built += 1
-        return view(record)
-
-    monkeypatch.setattr(RequestRecord, "view", counted)
+    views = ViewCount(monkeypatch)
     hub._poll_requests()  # one tick's worth, at once
-    assert built == 2  # views (and their JSON) only for what is sent, not for the three older ones
+    assert views.built == 2  # views (and their JSON) only for what is sent, not for the three older ones
     sent = await drain(messages, 2)
     assert kinds_of(sent) == ["request", "request"]
     assert [json.loads(chunk.split(b"data: ", 1)[1])["id"] for chunk in sent] == ids[-2:]
@@ -160,19 +166,11 @@ def test_a_snapshot_builds_views_only_of_the_records_it_sends(monkeypatch: pytes
     assert trail is not None
     trail.begin("still-running", "127.0.0.1", "chat/completions")
     alive = set(trail.alive)
-    built = 0
-    view = RequestRecord.view
-
-    def counted(record: RequestRecord) -> RequestView:
-        nonlocal built
-        built += 1
-        return view(record)
-
-    monkeypatch.setattr(RequestRecord, "view", counted)
+    views = ViewCount(monkeypatch)
     requests = runtime.stream.snapshot_data()["requests"]
     assert [r["id"] for r in requests["recent"]] == ids[-3:]  # the newest, oldest first
     assert {r["id"] for r in requests["alive"]} == alive
-    assert built == 3 + len(alive)
+    assert views.built == 3 + len(alive)
     runtime.stream.close()
 
 
@@ -212,18 +210,9 @@ async def test_a_client_owed_a_snapshot_costs_no_request_views_and_then_follows_
     finish(runtime, 3)
     hub._poll_requests()  # three records for a queue of two: it overflows, a snapshot is owed
     ids = finish(runtime, 4)
-    built = 0
-    view = RequestRecord.view
-
-    def counted(record: RequestRecord) -> RequestView:
-        nonlocal built
-        built += 1
-        return view(record)
-
-    monkeypatch.setattr(RequestRecord, "view", counted)
+    views = ViewCount(monkeypatch)
     hub._poll_requests()
-    assert built == 0
-    monkeypatch.setattr(RequestRecord, "view", view)
+    assert views.built == 0
     got = await drain(messages, 1)
     assert kinds_of(got) == ["snapshot"]
     recent = json.loads(got[0].split(b"data: ", 1)[1])["requests"]["recent"]
