@@ -22,7 +22,8 @@ Costs, since this runs beside the request path (a client asks for the kinds it r
   they are at that moment: rows are whole, so a newer row is never wrong, only earlier news.)
 - Each client has its own bounded queue. A client that stops reading never slows the proxy or
   the other clients: past `CLIENT_QUEUE` messages its queue is dropped and it is sent a fresh
-  `snapshot` when it reads again, which says everything the dropped messages said.
+  `snapshot` when it reads again, which says everything the dropped messages said (meanwhile no
+  request record is viewed for it).
 
 Ids are `<instance>-<seq>`: `seq` counts every message of this process, `instance` tells this
 process from the one before a restart. A client that reconnects with `Last-Event-ID` is sent what
