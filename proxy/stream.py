@@ -263,7 +263,8 @@ class StreamHub:
     # -- the request records ---------------------------------------------------------------------
 
     def _watch_requests(self) -> None:
-        """A client attached: follow the trail from now on (nothing is read while none is)."""
+        """A client attached or is sent a snapshot: follow the trail from now on (nothing is read
+        while no client reads records)."""
         read = self._read
         if self._requests_due is not None or not read.recording:
             return
@@ -310,18 +311,12 @@ class StreamHub:
         read = self._read
         if self._closed:
             return
-        wanting = [c for c in self._clients if "request" in c.kinds]
-        if not wanting:
-            return  # the next client to ask compares the version it stopped at
+        if not any("request" in c.kinds and not c.stale for c in self._clients):
+            # Nobody reads them now (a client owed a snapshot is told all of it by that snapshot):
+            # the next client to start reading compares the version this stopped at.
+            return
         version = read.requests_version
-        if version != self._requests_version and all(c.stale for c in wanting):
-            # Every client that reads records is owed a snapshot (it stopped reading), which will
-            # say all of it: the marks move on and nothing is viewed. As when nobody listened, a
-            # client that comes back from before now must start over.
-            self._requests_version = version
-            self._requests_gap = self._seq + 1
-            _, self._finished_mark = read.finished_requests(self._finished_mark, 0)
-        elif version != self._requests_version:
+        if version != self._requests_version:
             self._requests_version = version
             finished, self._finished_mark = read.finished_requests(self._finished_mark, REQUESTS_PER_TICK)
             changed, self._alive_states = read.alive_changed(self._alive_states)
@@ -397,6 +392,8 @@ class StreamHub:
                     client.stale = False
                     client.queue.clear()
                     client.sent_at = self._checks
+                    if "request" in kinds:
+                        self._watch_requests()  # it reads records again from this snapshot on
                     yield self.snapshot().wire(instance)
                 if client.queue:
                     # What is waiting goes out WRITE_BATCH messages a write (each write is a trip
