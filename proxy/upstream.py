@@ -32,6 +32,14 @@ MAX_UPSTREAM_BODY_BYTES = 256 * 1024 * 1024
 holds the largest real answers (a 2,048-input batch of 3,072-dimension embeddings as JSON is about
 120 MB); past it the attempt fails like a dropped connection instead of growing without end."""
 
+BURST_GAP_S = 0.001
+"""A stream's reads closer together than this are a burst, which a relay gathers for this long
+before it reads again (`UpstreamResponse.chunks`). Each read and write costs the proxy tens of
+microseconds of CPU however little it carries: an upstream that sends its events as fast as it can
+would otherwise be relayed an event or two at a time, and the proxy's CPU then comes out of the
+cores the upstream and the client run on (a local model's server, on a workstation). A token stream
+(events milliseconds apart) never waits; in a burst, an event waits at most this long."""
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
@@ -151,10 +159,23 @@ class UpstreamResponse:
         return raw[:MAX_ERROR_BODY], whole
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (for SSE relays); raises UpstreamFailure if the upstream dies."""
+        """The body as it arrives (for SSE relays); raises UpstreamFailure if the upstream dies.
+
+        Each chunk is handed on as soon as it is read, with one exception: in a burst (a read that
+        came within BURST_GAP_S of the one before), what follows is gathered for BURST_GAP_S before
+        it is read, so a burst costs a read and a write per window instead of one per event."""
+        response = self._response
+        content = response.content
+        loop = asyncio.get_running_loop()
+        previous = -BURST_GAP_S
         try:
-            async for chunk in self._response.content.iter_any():
+            while chunk := await content.readany():
                 yield chunk
+                now = loop.time()
+                if now - previous < BURST_GAP_S and not content.is_eof():
+                    await _gather(response.connection)
+                    now = loop.time()
+                previous = now
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
 
@@ -166,6 +187,21 @@ class UpstreamResponse:
 
     def close(self) -> None:
         self._response.close()
+
+
+async def _gather(connection: aiohttp.connector.Connection | None) -> None:
+    """Let a burst's data gather in the socket for BURST_GAP_S: the transport stops reading, or the
+    loop would read it anyway, a few events at a time, into the response's buffer. Not while
+    aiohttp's own flow control holds the transport (its buffer is full: a slow client)."""
+    transport = connection.transport if connection is not None else None
+    if transport is None or not transport.is_reading():
+        return
+    transport.pause_reading()
+    try:
+        await asyncio.sleep(BURST_GAP_S)
+    finally:
+        if not transport.is_closing():
+            transport.resume_reading()
 
 
 class UpstreamClient:
