@@ -4,7 +4,8 @@ Each read and write costs the proxy tens of microseconds of CPU however little i
 upstream that sends its events as fast as it can was relayed an event or two per read, and on a
 workstation that CPU comes out of the cores the model's own server runs on. These tests read a
 real HTTP stream from a raw socket server whose writes are spaced by real time: a burst arrives
-in few reads, and events a token apart are each handed on alone.
+in few reads, and events a token apart are each handed on alone; and, through a real proxy, a
+burst that breaks off or a client that leaves in the middle of one ends as any stream does.
 """
 
 from __future__ import annotations
@@ -13,10 +14,21 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from proxy.upstream import BURST_GAP_S, UpstreamClient
+from tests.fakes import Reply
+from tests.integration.test_proxy import (
+    CHAT_PATH,
+    Proxy,
+    Upstream,
+    chat,
+    provider,
+    sse_events,
+    streamed_text,
+    wait_until,
+)
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -85,3 +97,59 @@ async def test_events_a_token_apart_are_each_handed_on_alone() -> None:
         chunks = await read_all(url)
     assert b"".join(chunks).count(b"\n\n") == 7
     assert len(chunks) >= 5
+
+
+# -- through a real proxy: a burst that breaks off, a client that leaves in the middle of one ----------
+
+
+def _solo(up: Upstream) -> str:
+    return provider("loc", "local", up.url, "loc-1")
+
+
+def test_a_burst_that_breaks_off_is_relayed_whole_then_ends_with_the_error_event(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    up.fake.default(Reply("stream_die", die_after=400, chunk_text="ok", delay_ms=0))
+    proxy = launch(_solo(up))
+    with proxy.http.stream("POST", CHAT_PATH, json=chat("loc/m1", stream=True)) as response:
+        body = response.read().decode()
+    events = sse_events(body)
+    assert streamed_text(events) == "ok" * 400  # nothing lost to the gathering
+    assert events[-2]["error"]["code"] == "stream_interrupted"
+    assert events[-1] == "[DONE]"
+    proxy.settled()
+
+
+def test_a_client_that_leaves_in_a_burst_frees_everything_and_the_next_stream_flows(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """The relay pauses the upstream's socket in a burst: a client leaving then must still close
+    the upstream call, count against nothing, and leave no paused connection for the next request."""
+    up = upstreams()
+    up.fake.default(Reply("stream", chunks=1_000_000, chunk_text="ok", delay_ms=0))  # a burst with no end
+    proxy = launch(_solo(up))
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = json.dumps(chat("loc/m1", stream=True)).encode()
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                (
+                    f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
+            received = 0
+            while received < 200_000:  # well into the burst
+                chunk = sock.recv(65536)
+                assert chunk, "the stream ended before the client left"
+                received += len(chunk)
+        wait_until(lambda: up.fake.in_flight == 0, what="the upstream call to be closed")
+        proxy.settled()
+    assert proxy.breaker("loc")["failureCount"] == 0
+    assert proxy.connection("loc-1")["status"] == "active"
+    up.fake.default(Reply("stream", chunks=300, chunk_text="ok", delay_ms=0))
+    with proxy.http.stream("POST", CHAT_PATH, json=chat("loc/m1", stream=True)) as response:
+        assert streamed_text(sse_events(response.read().decode())) == "ok" * 300
+    proxy.settled()
