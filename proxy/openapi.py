@@ -461,7 +461,7 @@ def _proxy_op(summary: str) -> Schema:
             "413": _error("body larger than 32 MiB (`request_too_large`)"),
             "429": _error("everything is cooling (`all_targets_cooling`), or a full request queue (`RATE_LIMIT_QUEUE_FULL`)"),
             "502": _error("the last upstream could not be reached (`upstream_unreachable`)"),
-            "503": _error("`provider_circuit_open` or `all_targets_unavailable`"),
+            "503": _error("`provider_circuit_open`, `all_targets_unavailable` or `server_stopping`"),
             "504": _error("no response headers within requestQueue.maxWaitMs (`RATE_LIMIT_EXECUTION_TIMEOUT`)"),
         },
         body=request,

@@ -147,6 +147,11 @@ class _Progress:
         """The request's record in the trail (None when recording is off)."""
 
 
+STOPPING = (503, "the server is stopping; retry in a moment", "server_stopping")
+"""(status, message, code) of a request cut by the server's stop (`Pipeline.stop`)."""
+STOPPING_HEADERS = {"Retry-After": "1"}
+
+
 @dataclass(frozen=True, slots=True)
 class Wire:
     """One request of a passed-through wire API (Messages, Responses): what differs from chat."""
@@ -212,6 +217,11 @@ class Pipeline:
         """Where each request leaves its record (None: recording is off)."""
         self.waiting = 0
         """Requests waiting out a cooldown right now (cooldown-aware retry)."""
+        self.stopping = False
+        """The server has begun to stop (`stop`): what is cut from now on is answered STOPPING."""
+        self._waiters: set[asyncio.Task[Any]] = set()
+        """The tasks of the requests waiting right now (a cooldown, the request queue, a
+        concurrency slot): `stop` answers them at once rather than hold the stop."""
         self.owners: ResponseOwners | None = None
         """Which connection created each Responses API response (set by the runtime)."""
         self._mute: dict[str, frozenset[str]] = {
@@ -226,6 +236,15 @@ class Pipeline:
         _MEDIA_CACHED types, so that an upstream cannot grow it."""
         self._sends: dict[str, dict[str, _Send]] = {}
         """Endpoint -> connection id -> where and how a chat-like attempt is sent (`_send_of`)."""
+
+    def stop(self) -> None:
+        """The server has begun to stop. A request that waits (a cooldown, the request queue, a
+        concurrency slot) is answered now with a 503 `server_stopping` and `Retry-After: 1`,
+        rather than hold the stop for the grace period; one that is upstream gets the grace
+        period, and is answered the same way (a stream: with its API's error event) if it is cut."""
+        self.stopping = True
+        for task in list(self._waiters):
+            task.cancel()
 
     # ------------------------------------------------------------------ entry point
 
@@ -367,6 +386,10 @@ class Pipeline:
                         499, "the client went away before the answer", "client_disconnected"
                     )
                     return response
+                if self.stopping:  # cut by the stop (`stop`, or the grace period's end)
+                    _uncancel()
+                    response = error_response(*STOPPING, headers=STOPPING_HEADERS)
+                    return response
                 raise
             finally:
                 if watch is not None:
@@ -435,7 +458,12 @@ class Pipeline:
         advancing). A client that leaves cancels it (`_while_connected`).
         """
         wait = self.engine.settings.combo_wait()
-        if not wait.active or not decision.all_waitable or progress.waits >= wait.max_attempts:
+        if (
+            self.stopping
+            or not wait.active
+            or not decision.all_waitable
+            or progress.waits >= wait.max_attempts
+        ):
             return False
         wake = decision.earliest_waitable
         if wake is None:
@@ -450,9 +478,13 @@ class Pipeline:
         record, trail = progress.record, self.trail
         if record is not None and trail is not None:
             trail.state(record, "waiting")
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiters.add(task)
         try:
             await sleep_until(self.engine.clock, now + delay_ms)
         finally:
+            self._waiters.discard(task)
             self.waiting -= 1
             if record is not None and trail is not None:
                 trail.waited(record, self.engine.clock.now() - now, decision)
@@ -697,21 +729,27 @@ class Pipeline:
         scope.ticket = ticket
         engine.probe_waiting(attempt)
         sem = attempt.connection.semaphore
-        if sem is not None:
-            quota = engine.settings.quota_share()
-            if record is not None and trail is not None and quota.enabled:
-                trail.state(record, "slot")
-            if quota.enabled and await sem.acquire(
-                queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
-            ):
-                scope.semaphore = sem  # no await since the slot was granted: the scope owns it
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiters.add(task)  # (until it is sent: `stop` answers it rather than wait for it)
+        try:
+            if sem is not None:
+                quota = engine.settings.quota_share()
+                if record is not None and trail is not None and quota.enabled:
+                    trail.state(record, "slot")
+                if quota.enabled and await sem.acquire(
+                    queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
+                ):
+                    scope.semaphore = sem  # no await since the slot was granted: the scope owns it
 
-        def still_wanted() -> bool:  # asked while queued: a key that started cooling is not sent to
-            return engine.still_eligible(attempt)
+            def still_wanted() -> bool:  # asked while queued: a key that started cooling is not sent to
+                return engine.still_eligible(attempt)
 
-        if ticket is not None and record is not None and trail is not None:
-            trail.state(record, "queued")
-        dispatch = await ticket.dispatch(still_wanted) if ticket is not None else None
+            if ticket is not None and record is not None and trail is not None:
+                trail.state(record, "queued")
+            dispatch = await ticket.dispatch(still_wanted) if ticket is not None else None
+        finally:
+            self._waiters.discard(task)
         if record is not None and trail is not None:
             trail.state(record, "upstream")
         engine.probe_alive(attempt)
@@ -800,6 +838,8 @@ class Pipeline:
             status_code=upstream.status,
             media_type="text/event-stream",
             headers=headers,
+            pipeline=self,
+            ending=sse_error,
         )
 
     async def _start_gated(
@@ -939,6 +979,8 @@ class Pipeline:
             status_code=upstream.status,
             media_type="text/event-stream",
             headers=headers,
+            pipeline=self,
+            ending=wire.sse_error,
         )
 
     # ------------------------------------------------------------------ answers
@@ -1359,15 +1401,36 @@ class _RelayResponse(StreamingResponse):
         status_code: int,
         media_type: str,
         headers: dict[str, str],
+        pipeline: Pipeline,
+        ending: Callable[[str, str], bytes],
     ) -> None:
+        """`ending`: the API's last event of a stream that cannot continue (message, code)."""
         super().__init__(relay, status_code=status_code, media_type=media_type, headers=headers)
         self._relay = relay
         self._scope = scope
+        self._pipeline = pipeline
+        self._ending = ending
         scope.handed_off = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True  # (the start comes first: any message means it went)
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, sending)
+        except asyncio.CancelledError:
+            if not (started and self._pipeline.stopping):
+                raise
+            # Cut by the server's stop (the grace period ran out): the stream ends as one that
+            # cannot continue does, with its API's error event, not mid-event. (The blank line
+            # first ends whatever event the last chunk left open.)
+            _uncancel()
+            _, message, code = STOPPING
+            await send({"type": "http.response.body", "body": b"\n" + self._ending(message, code)})
         finally:
             try:
                 await self._relay.aclose()  # no await inside the relay's finally: this never suspends
@@ -1404,6 +1467,13 @@ async def _while_connected(receive: Receive, work: Coroutine[Any, Any, Response]
         raise
     finally:
         watch.stop()
+
+
+def _uncancel() -> None:
+    """A cancellation answered, not passed on: the task is no longer being cancelled."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        task.uncancel()
 
 
 class _ClientWatch:

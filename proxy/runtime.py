@@ -185,8 +185,14 @@ class Runtime:
         if self._persist_task is None:
             self._persist_task = asyncio.create_task(self._persist_loop(), name="omniroute-persist")
 
+    def stopping(self) -> None:
+        """The server has begun to stop (serve.make_server): the live streams end, and requests
+        that wait are answered now (`Pipeline.stop`); those upstream get the grace period."""
+        self.stream.close()
+        self.pipeline.stop()
+
     async def stop(self) -> None:
-        self.stream.close()  # normally done already, as the server began to stop (serve.make_server)
+        self.stream.close()  # normally done already, as the server began to stop (`stopping`)
         if self._persist_task is not None:
             self._persist_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -248,7 +248,7 @@ def make_server(runtime: Runtime, sock: socket.socket, *, log_level: str = "warn
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         log_config=None,
     )
-    server = _Server(config, on_stop=runtime.stream.close)
+    server = _Server(config, on_stop=runtime.stopping)
     # uvicorn would take over SIGINT/SIGTERM (not SIGHUP) for the duration of `serve()` and re-raise
     # them afterwards, killing the process by the signal after its clean stop. The process's own
     # handlers (proxy.signals) decide instead, the same way for `serve` and `tui`.
@@ -263,7 +263,8 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn waits for open responses before the lifespan's shutdown: the live streams, which
-        # never end by themselves, must end first, or every stop would wait out the grace period.
+        # never end by themselves, and the requests waiting (a cooldown can last a minute and a
+        # half) end first, or every stop would wait out the grace period.
         self._on_stop()
         await super().shutdown(sockets)
 

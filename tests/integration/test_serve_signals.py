@@ -4,12 +4,14 @@ signal exits at once. Real processes, real signals."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from proxy.serve import SHUTDOWN_GRACE_S
@@ -143,3 +145,121 @@ def test_a_second_signal_while_stopping_exits_at_once(
     assert integrity(instance.state) == "ok"  # WAL: consistent without a clean close
     assert port_is_free(instance.port)
     assert f"a second {second.name}: exiting at once" in stderr_of(proc)
+
+
+# -- what a request still open when the server stops is told ---------------------------------------------
+
+
+def _in_state(port: int, state: str) -> bool:
+    """Whether a request of the instance is in `state` (`waiting`: out a cooldown; `slot`: for a
+    concurrency slot), as its trail says."""
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/api/requests", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return any(r["state"] == state for r in answer.json()["requests"])
+
+
+def test_a_request_waiting_out_a_cooldown_is_answered_at_once_when_the_server_stops(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """The wait could last a minute and a half: stopping answers it now, with a 503 that says why,
+    instead of holding the stop for the grace period and then a bare 500 and a traceback."""
+    fake, url = upstream
+    fake.default(Reply("error", status=429, headers={"Retry-After": "30"}))  # both keys cool for 30 s
+    instance = serves(url)
+    proc = instance.start()
+    request = InFlight(instance.port)
+    wait_for(lambda: _in_state(instance.port, "waiting"), STOP_S, "the request waiting out the cooldown")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    answer = request.result()
+    assert time.monotonic() - sent < SHUTDOWN_GRACE_S  # not held for the grace period
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "server_stopping"
+    assert answer.headers["retry-after"] == "1"
+    assert exit_code(proc, STOP_S) == 0
+    stderr = stderr_of(proc)
+    assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
+    instance.assert_closed_cleanly()
+
+
+def test_a_request_waiting_for_a_concurrency_slot_is_answered_at_once_when_the_server_stops(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Both keys hold one request at a time and both are upstream (hanging): a third waits for a
+    slot (up to 30 s, then fail-open). The stop answers it now; the two upstream get the grace period."""
+    fake, url = upstream
+    fake.default(Reply("hang"))
+    instance = serves(url)
+    config = Path(instance.args[2])
+    config.write_text(config.read_text().replace("priority = ", "max_concurrent = 1\npriority = "))
+    proc = instance.start()
+    upstream_ones = [InFlight(instance.port), InFlight(instance.port)]
+    wait_for(lambda: fake.in_flight == 2, STOP_S, "two requests reaching the upstream")
+    waiting = InFlight(instance.port)
+    wait_for(lambda: _in_state(instance.port, "slot"), STOP_S, "the third waiting for a slot")
+    proc.send_signal(signal.SIGTERM)
+    waiting.thread.join(SHUTDOWN_GRACE_S - 0.5)
+    assert not waiting.thread.is_alive(), "the waiting request was held for the grace period"
+    assert waiting.result().json()["error"]["code"] == "server_stopping"
+    assert [r.result().status_code for r in upstream_ones] == [503, 503]  # after the grace period
+    assert len(fake.requests) == 2  # the waiting one was never sent
+    assert exit_code(proc, STOP_S) == 0
+    stderr = stderr_of(proc)
+    assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
+
+
+def test_a_request_still_upstream_when_the_grace_period_ends_is_answered_503(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, url = upstream
+    fake.default(Reply("hang"))
+    instance = serves(url)
+    proc = instance.start()
+    request = InFlight(instance.port)
+    wait_for(lambda: fake.in_flight == 1, STOP_S, "the request reaching the upstream")
+    proc.send_signal(signal.SIGTERM)
+    answer = request.result()
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "server_stopping"
+    assert exit_code(proc, STOP_S) == 0
+    stderr = stderr_of(proc)
+    assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
+    instance.assert_closed_cleanly()
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_a_stream_still_running_when_the_grace_period_ends_ends_with_its_apis_error_event(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str], api: str
+) -> None:
+    fake, url = upstream
+    fake.default(Reply("stream", chunks=1000, chunk_text="ok", delay_ms=200))  # 200 s of tokens
+    instance = serves(url)
+    config = Path(instance.args[2])
+    config.write_text(
+        config.read_text().replace('class = "local"\n', 'class = "local"\napis = ["chat", "messages"]\n', 1)
+    )
+    proc = instance.start()
+    body = {
+        "model": "alpha/m1",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+    path = "/v1/chat/completions" if api == "chat" else "/v1/messages"
+    with httpx.stream("POST", f"http://127.0.0.1:{instance.port}{path}", json=body, timeout=10) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))  # the stream is flowing
+        proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line]
+    if api == "chat":
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2].removeprefix("data: "))["error"]["code"] == "server_stopping"
+    else:  # Anthropic's error event, which its SDK raises on
+        assert rest[-2] == "event: error"
+        assert "server_stopping" in json.loads(rest[-1].removeprefix("data: "))["error"]["message"]
+    assert exit_code(proc, STOP_S) == 0
+    stderr = stderr_of(proc)
+    assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
+    instance.assert_closed_cleanly()
