@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.cells import cell_len, set_cell_size
-from rich.columns import Columns
 from rich.console import RenderableType
 from rich.style import Style
 from rich.text import Text
@@ -18,6 +17,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.strip import Strip
+from textual.widget import Widget
 from textual.widgets import Static
 
 from omniroute_tui import format as fmt
@@ -69,9 +69,14 @@ class PickList(LinesView, can_focus=True):
         self.refresh()
 
 
-class TileBar(Static, can_focus=True):
-    """The breaker tiles: left/right (h/l) pick one when focused, enter shows its breaker."""
+class TileBar(Widget, can_focus=True):
+    """The breaker tiles: left/right (h/l) pick one when focused, enter shows its breaker.
 
+    As many tiles to a row as the width holds, and as many rows as that takes: the bar is laid out
+    again whenever that number of rows changes (tiles widen as their latency appears, or a state's
+    words get longer), so that no tile is ever drawn below the bar's last line."""
+
+    DEFAULT_CSS = "TileBar { height: auto; }"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("right,l", "pick(1)", "Next", show=False, id="tiles-next"),
         Binding("left,h", "pick(-1)", "Previous", show=False, id="tiles-previous"),
@@ -79,17 +84,25 @@ class TileBar(Static, can_focus=True):
     ]
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.items: tuple[Tile, ...] = ()
         self.picked = 0
+        self._lines = 0
+        """How many lines the tiles took when last drawn (the height the bar was laid out for)."""
 
     def show_tiles(self, items: tuple[Tile, ...], *, relayout: bool) -> None:
         self.items = items
         self.picked = min(self.picked, max(len(items) - 1, 0))
-        self._draw(relayout)
+        lines = tiles_height(items, self.content_size.width)
+        self._draw(relayout or lines != self._lines)
+
+    def render(self) -> RenderableType:
+        width = self.content_size.width
+        self._lines = tiles_height(self.items, width)
+        return tiles(self.items, self.picked if self.has_focus else None, width)
 
     def _draw(self, relayout: bool = False) -> None:
-        self.update(tiles(self.items, self.picked if self.has_focus else None), layout=relayout)
+        self.refresh(layout=relayout)
 
     def action_pick(self, step: int) -> None:
         if self.items:
@@ -164,27 +177,48 @@ class OverviewPane(Vertical):
             )
 
 
-def tiles(items: tuple[Tile, ...], picked: int | None = None) -> RenderableType:
-    """Three-line blocks: the provider, its state written out (and how long, or how close), and
-    its p50 latency over the last minute as a sparkline; the `picked` one (keyboard focus) drawn
-    in reverse."""
+def _tile_lines(t: Tile) -> tuple[str, str, str]:
+    return fmt.clip(t.provider, TILE_NAME), f"{t.state} {t.text}", t.latency or "no traffic"
+
+
+def _tile_rows(items: tuple[Tile, ...], width: int) -> list[list[tuple[int, Tile, int]]]:
+    """The tiles in rows, left to right, as many to a row as `width` holds (one cell between two):
+    (index, tile, its width: its widest line and a cell of margin either side)."""
+    rows: list[list[tuple[int, Tile, int]]] = [[]]
+    used = 0
+    for i, t in enumerate(items):
+        size = max(cell_len(text) for text in _tile_lines(t)) + 2
+        if rows[-1] and used + 1 + size > width:
+            rows.append([])
+            used = 0
+        used += size + (1 if rows[-1] else 0)
+        rows[-1].append((i, t, size))
+    return rows
+
+
+def tiles_height(items: tuple[Tile, ...], width: int) -> int:
+    """The lines `tiles` takes at `width`: three per row of tiles (one for "No providers")."""
+    return 3 * len(_tile_rows(items, width)) if items else 1
+
+
+def tiles(items: tuple[Tile, ...], picked: int | None = None, width: int = 80) -> RenderableType:
+    """Three-line blocks, as many to a row as `width` holds: the provider, its state written out
+    (and how long, or how close), and its p50 latency over the last minute as a sparkline; the
+    `picked` one (keyboard focus) drawn in reverse."""
     if not items:
         return Text("No providers configured.", style="dim")
-    blocks = []
-    for i, t in enumerate(items):
-        status = f"{t.state} {t.text}"
-        provider = fmt.clip(t.provider, TILE_NAME)
-        latency = t.latency or "no traffic"
-        width = max(cell_len(provider), len(status), cell_len(latency)) + 2
-        style = fmt.TILE_COLOURS[t.style] + (" reverse underline" if i == picked else "")
-        blocks.append(
-            Text.assemble(
-                (f" {set_cell_size(provider, width - 1)}\n", f"{style} bold"),
-                (f" {status:<{width - 1}}\n", style),
-                (f" {set_cell_size(latency, width - 1)}", style),
-            )
-        )
-    return Columns(blocks, padding=(0, 1))
+    out = Text(no_wrap=True, overflow="crop")
+    for r, row in enumerate(_tile_rows(items, width)):
+        for n in range(3):
+            if r or n:
+                out.append("\n")
+            for k, (i, t, size) in enumerate(row):
+                style = fmt.TILE_COLOURS[t.style] + (" reverse underline" if i == picked else "")
+                if k:
+                    out.append(" ")
+                text = set_cell_size(_tile_lines(t)[n], size - 2)
+                out.append(f" {text} ", f"{style} bold" if n == 0 else style)
+    return out
 
 
 def rows(items: tuple[Row, ...], empty: str, caps: tuple[int, ...]) -> list[Line]:

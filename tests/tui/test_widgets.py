@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 
+from omniroute_tui.snapshot import Tile
 from omniroute_tui.widgets.header import BARS, sparkline
 from omniroute_tui.widgets.lines import LinesView, line
+from omniroute_tui.widgets.overview import TileBar
 from proxy.resilience.lockout import LockoutSettings
 from tests.tui.conftest import settle
 from tests.tui.snapshot_app import SECOND, snapshot_app
@@ -165,3 +167,33 @@ def test_errors_read_as_their_message(raw: str, shown: str) -> None:
     from omniroute_tui.format import readable_error
 
     assert readable_error(raw) == shown
+
+
+class _Tiles(App[None]):
+    def compose(self) -> ComposeResult:
+        yield TileBar(id="tiles")
+
+
+def _tile(name: str, latency: str = "") -> Tile:
+    return Tile(name, "CLOSED", "0/12", "ok", name, latency)
+
+
+async def test_breaker_tiles_that_grow_wrap_onto_a_row_the_bar_grows_for() -> None:
+    """Six providers fit one row while they have no traffic; their latency sparklines widen them, a
+    sixth no longer fits at 120 columns and goes to a second row, which must be on screen (it was
+    drawn into a bar still three lines tall: a breaker tile, OPEN or not, out of sight)."""
+    names = ["healthy", "flaky", "ratelimited", "models", "twokeys", "claude"]
+    app = _Tiles()
+    async with app.run_test(size=SIZE) as pilot:
+        bar = app.query_one(TileBar)
+        bar.show_tiles(tuple(_tile(n) for n in names), relayout=True)
+        await settle(pilot)
+        assert bar.size.height == 3
+        bar.show_tiles(tuple(_tile(n, "       █▂▂▂▁ 70 ms") for n in names), relayout=False)
+        await settle(pilot)
+        assert bar.size.height == 6
+        shown = "\n".join(strip.text for strip in bar.render_lines(bar.region.reset_offset))
+        assert all(name in shown for name in names)
+        bar.show_tiles(tuple(_tile(n) for n in names), relayout=False)  # the traffic stopped
+        await settle(pilot)
+        assert bar.size.height == 3
