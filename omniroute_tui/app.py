@@ -26,6 +26,7 @@ from textual.worker import Worker, WorkerState
 
 from omniroute_tui import actions, untrusted
 from omniroute_tui.cards.card import RuntimeSettings, SettingsSource
+from omniroute_tui.cards.fields import SettingField
 from omniroute_tui.feed import Feed, FeedLogHandler, captured_logging
 from omniroute_tui.host import ProxyHost
 from omniroute_tui.messages import SnapshotReady, TerminalGone
@@ -124,6 +125,8 @@ class OmniRouteApp(App[int]):
         self._cleanup = ExitStack()
         self._quitting = False
         self._visited: set[str] = {"overview"}
+        self._settings_focus: SettingField | None = None
+        """The Settings field that had the focus when another tab was shown: it gets it back."""
         self._palette_action: tuple[str, actions.Verb, bool] | None = None
         self._going_to: tuple[str, str] | None = None
         """(tab, row key) to put the cursor on once that tab's rows arrive (enter on an event)."""
@@ -307,7 +310,7 @@ class OmniRouteApp(App[int]):
                 self.table(tab).request(verb, every_row=every_row, ask=True)
 
     @on(TabbedContent.TabActivated)
-    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+    async def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         tab = event.pane.id or "overview"
         self.feed.tab = tab
         if self.remote is not None:
@@ -317,11 +320,20 @@ class OmniRouteApp(App[int]):
             self.set_timer(1.0, self._settle_heap)  # once its rows and caches exist
         if tab in TABLE_TABS:
             self.table(tab).focus()
-        elif tab == "settings" and self.query("#settings-placeholder"):
-            # Mounted on first visit: the cards are hundreds of widgets, and every millisecond
-            # spent building them at startup is one the proxy cannot serve.
-            self.query_one("#settings-placeholder").remove()
-            self.query_one("#settings", TabPane).mount(settings_pane(self.settings_source, self.read_only))
+        elif tab == "settings":
+            pane = self.query_one("#settings", TabPane)
+            if self.query("#settings-placeholder"):
+                # Mounted on first visit: the cards are hundreds of widgets, and every millisecond
+                # spent building them at startup is one the proxy cannot serve.
+                self.query_one("#settings-placeholder").remove()
+                await pane.mount(settings_pane(self.settings_source, self.read_only))
+            # On a field, so that its keys (j/k, enter) work at once: the first one, or the last
+            # one this tab had (`action_show_tab` let go of it).
+            field = self._settings_focus
+            if field is None or not field.is_attached:
+                field = next((f for f in pane.query(SettingField) if f.focusable), None)
+            if field is not None and self.active_tab == "settings":
+                field.focus()
         self.refresh_bindings()
         self.feed.request()
 
@@ -432,6 +444,8 @@ class OmniRouteApp(App[int]):
     def action_show_tab(self, tab: str) -> None:
         # Let go of the focus first: a focused widget in the pane being hidden hands the focus to its
         # neighbour in the same pane, which would bring that pane back (a Settings field, say).
+        if isinstance(self.focused, SettingField):
+            self._settings_focus = self.focused
         self.set_focus(None)
         self.tabs.active = tab
 

@@ -100,6 +100,12 @@ class SettingsCard(Vertical):
         ),
     ]
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`escape` discards a draft: offered (in the key bar, too) only while there is one."""
+        if action == "discard":
+            return self.dirty
+        return True
+
     class Saved(Message):
         """A draft was applied and persisted; `document` is the group's settings after it."""
 
@@ -238,6 +244,7 @@ class SettingsCard(Vertical):
         subtitle = "● unsaved draft" if dirty else ""
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
+            self.refresh_bindings()  # escape discards a draft only while there is one
         if self.read_only:
             text, kind = READ_ONLY_NOTE, ""
         elif self._note:

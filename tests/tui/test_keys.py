@@ -613,3 +613,30 @@ async def test_q_asks_first_when_a_settings_card_holds_a_draft() -> None:
         await pilot.press("y")
         await pilot.pause()
     assert app.return_code == 0
+
+
+async def test_the_settings_tab_opens_on_its_first_field_and_offers_discard_only_with_a_draft() -> None:
+    """Found by a new-user trial: on entering Settings nothing had the focus, so `j`, `k`, `enter`
+    and `i` did nothing until a second Tab, and the key bar offered `esc Discard draft` with no draft."""
+    from omniroute_tui.cards.fields import SettingField
+
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await settle(pilot)
+        first = app.query(SettingField).first()
+        assert app.focused is first
+        card = next(a for a in first.ancestors if type(a).__name__ == "SettingsCard")
+        shown = {b.binding.action for b in app.active_bindings.values() if b.enabled}
+        assert "discard" not in shown
+        await pilot.press("j")  # the field keys work at once
+        await pilot.pause()
+        assert app.focused is not first and isinstance(app.focused, SettingField)
+        await pilot.press("k", "enter", "ctrl+u", "7", "escape")  # a draft
+        await settle(pilot)
+        assert card.dirty  # type: ignore[attr-defined]
+        shown = {b.binding.action for b in app.active_bindings.values() if b.enabled}
+        assert "discard" in shown
+        await pilot.press("1", "5")  # back again: the focus is on the tab's field, not lost
+        await settle(pilot)
+        assert isinstance(app.focused, SettingField)
