@@ -97,9 +97,10 @@ class TileBar(Widget, can_focus=True):
         self._draw(relayout or lines != self._lines)
 
     def render(self) -> RenderableType:
-        width = self.content_size.width
-        self._lines = tiles_height(self.items, width)
-        return tiles(self.items, self.picked if self.has_focus else None, width)
+        drawn, self._lines = tiles(
+            self.items, self.picked if self.has_focus else None, self.content_size.width
+        )
+        return drawn
 
     def _draw(self, relayout: bool = False) -> None:
         self.refresh(layout=relayout)
@@ -181,18 +182,23 @@ def _tile_lines(t: Tile) -> tuple[str, str, str]:
     return fmt.clip(t.provider, TILE_NAME), f"{t.state} {t.text}", t.latency or "no traffic"
 
 
-def _tile_rows(items: tuple[Tile, ...], width: int) -> list[list[tuple[int, Tile, int]]]:
-    """The tiles in rows, left to right, as many to a row as `width` holds (one cell between two):
-    (index, tile, its width: its widest line and a cell of margin either side)."""
-    rows: list[list[tuple[int, Tile, int]]] = [[]]
+_PlacedTile = tuple[int, Tile, tuple[str, str, str], int]
+"""A tile in its row: its index, the tile, its three lines, its width (its widest line and a cell of
+margin either side)."""
+
+
+def _tile_rows(items: tuple[Tile, ...], width: int) -> list[list[_PlacedTile]]:
+    """The tiles in rows, left to right, as many to a row as `width` holds (one cell between two)."""
+    rows: list[list[_PlacedTile]] = [[]]
     used = 0
     for i, t in enumerate(items):
-        size = max(cell_len(text) for text in _tile_lines(t)) + 2
+        lines = _tile_lines(t)
+        size = max(cell_len(text) for text in lines) + 2
         if rows[-1] and used + 1 + size > width:
             rows.append([])
             used = 0
         used += size + (1 if rows[-1] else 0)
-        rows[-1].append((i, t, size))
+        rows[-1].append((i, t, lines, size))
     return rows
 
 
@@ -201,24 +207,24 @@ def tiles_height(items: tuple[Tile, ...], width: int) -> int:
     return 3 * len(_tile_rows(items, width)) if items else 1
 
 
-def tiles(items: tuple[Tile, ...], picked: int | None = None, width: int = 80) -> RenderableType:
+def tiles(items: tuple[Tile, ...], picked: int | None = None, width: int = 80) -> tuple[RenderableType, int]:
     """Three-line blocks, as many to a row as `width` holds: the provider, its state written out
     (and how long, or how close), and its p50 latency over the last minute as a sparkline; the
-    `picked` one (keyboard focus) drawn in reverse."""
+    `picked` one (keyboard focus) drawn in reverse. And the lines that takes (`tiles_height`)."""
     if not items:
-        return Text("No providers configured.", style="dim")
+        return Text("No providers configured.", style="dim"), 1
     out = Text(no_wrap=True, overflow="crop")
-    for r, row in enumerate(_tile_rows(items, width)):
+    placed = _tile_rows(items, width)
+    for r, row in enumerate(placed):
         for n in range(3):
             if r or n:
                 out.append("\n")
-            for k, (i, t, size) in enumerate(row):
+            for k, (i, t, lines, size) in enumerate(row):
                 style = fmt.TILE_COLOURS[t.style] + (" reverse underline" if i == picked else "")
                 if k:
                     out.append(" ")
-                text = set_cell_size(_tile_lines(t)[n], size - 2)
-                out.append(f" {text} ", f"{style} bold" if n == 0 else style)
-    return out
+                out.append(f" {set_cell_size(lines[n], size - 2)} ", f"{style} bold" if n == 0 else style)
+    return out, 3 * len(placed)
 
 
 def rows(items: tuple[Row, ...], empty: str, caps: tuple[int, ...]) -> list[Line]:
