@@ -239,6 +239,14 @@ class Replica:
         return self.client.patch(path, json=body)
 
 
+def holds(document: dict[str, Any], patch: dict[str, Any]) -> bool:
+    """Whether a settings document has every value of `patch` (nested)."""
+    return all(
+        holds(document.get(k, {}), v) if isinstance(v, dict) else document.get(k) == v
+        for k, v in patch.items()
+    )
+
+
 class Fleet:
     """N replicas on loopback ports with the same config (but their own port)."""
 
@@ -259,6 +267,21 @@ class Fleet:
         replica = Replica(name, port, config, self.folder / f"replica-{name}.log", env)
         self.replicas.append(replica)
         return replica.start()
+
+    def configure(self, patch: dict[str, Any], path: str = "/api/resilience") -> None:
+        """PATCH on the first replica, then wait until every other one serves it.
+
+        A setting is live everywhere within ~100 ms, not at once: traffic sent to another replica
+        straight after the PATCH can still meet the old value (a request that then waits out a
+        cooldown the test meant to skip times out)."""
+        response = self.replicas[0].patch(path, patch)
+        assert response.status_code == 200, response.text
+        for replica in self.replicas[1:]:
+            wait_for(
+                lambda r=replica: holds(r.client.get(path).json(), patch),
+                2.0,
+                f"settings on {replica.name}",
+            )
 
     def next(self) -> Replica:
         """Round-robin, as a load balancer spreads requests."""

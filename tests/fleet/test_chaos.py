@@ -156,7 +156,7 @@ def test_a_partition_then_heal_under_traffic(
     fleet = make_fleet(0, provider_class="apikey")
     a = fleet.add("a", backend=gate.url)
     b = fleet.add("b", backend=REDIS_URL)
-    assert b.patch("/api/resilience", NO_WAITING).status_code == 200
+    fleet.configure(NO_WAITING)
     with Traffic([a, b]) as traffic:
         wait_for(lambda: len(traffic.statuses) > 10, 10, "traffic flows")
         gate.cut(drop=True)

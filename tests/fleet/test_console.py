@@ -72,7 +72,7 @@ async def test_an_operator_reset_on_one_replica_shows_in_the_console_attached_to
     fake, _ = upstream
     fleet = make_fleet(2, disable_cooling=True)
     a, b = fleet[0], fleet[1]
-    assert a.patch("/api/resilience", {"comboCooldownWait": {"enabled": False}}).status_code == 200
+    fleet.configure({"comboCooldownWait": {"enabled": False}})
     fake.default(Reply("error", status=503))
     b.chat()
     wait_for(lambda: a.breaker()["state"] == "OPEN", 1, "OPEN on A")

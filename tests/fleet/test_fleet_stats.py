@@ -23,7 +23,7 @@ def test_the_fleets_statistics_are_the_sum_of_each_replicas(
     fake, _ = upstream
     fleet = make_fleet(3, provider_class="apikey", disable_cooling=True)
     a, b, c = fleet.replicas
-    assert a.patch("/api/resilience", {"comboCooldownWait": {"enabled": False}}).status_code == 200
+    fleet.configure({"comboCooldownWait": {"enabled": False}})
     # A known traffic, different on each replica: 3 on A, 2 on B (one of them a 400), 1 slow on C.
     for _ in range(3):
         assert a.chat().status_code == 200

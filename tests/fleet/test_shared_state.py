@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.fakes.upstream import FakeUpstream, Reply
-from tests.fleet.conftest import PROPAGATION_S, TOKEN, Fleet, Replica, fleet_config, wait_for
+from tests.fleet.conftest import PROPAGATION_S, TOKEN, Fleet, Replica, fleet_config, holds, wait_for
 from tests.instances import OMNIROUTE, environment
 from tests.processes import free_port
 
@@ -34,24 +34,6 @@ def propagates(replica: Replica, condition: Callable[[Replica], bool], what: str
     return time.monotonic() - start
 
 
-def configure(fleet: Fleet, patch: dict[str, Any], path: str = "/api/resilience") -> None:
-    response = fleet[0].patch(path, patch)
-    assert response.status_code == 200, response.text
-    for replica in fleet.replicas[1:]:
-        wait_for(
-            lambda r=replica: _has(r.client.get(path).json(), patch),
-            2.0,
-            f"settings on {replica.name}",
-        )
-
-
-def _has(document: dict[str, Any], patch: dict[str, Any]) -> bool:
-    return all(
-        _has(document.get(k, {}), v) if isinstance(v, dict) else document.get(k) == v
-        for k, v in patch.items()
-    )
-
-
 def upstream_calls(fake: FakeUpstream, since: int = 0) -> int:
     return sum(1 for r in fake.requests[since:] if r.path.endswith("/chat/completions"))
 
@@ -61,7 +43,7 @@ def test_a_provider_failing_everywhere_opens_once_probes_once_fleet_wide_and_clo
 ) -> None:
     fake, _ = upstream
     fleet = make_fleet(3, disable_cooling=True)
-    configure(fleet, {**NO_WAITING, "providerBreaker": {"local": {"resetTimeoutMs": 1000}}})
+    fleet.configure({**NO_WAITING, "providerBreaker": {"local": {"resetTimeoutMs": 1000}}})
 
     fake.default(Reply("error", status=503))
     answers = [fleet.next().chat().status_code for _ in range(3)]
@@ -114,7 +96,7 @@ def test_a_429_seen_by_one_replica_keeps_the_others_off_that_key_within_100_ms(
 ) -> None:
     fake, _ = upstream
     fleet = make_fleet(3, provider_class="apikey")
-    configure(fleet, NO_WAITING)
+    fleet.configure(NO_WAITING)
     fake.script(Reply("error", status=429, headers={"retry-after": "30"}))
 
     response = fleet[0].chat()
@@ -141,8 +123,8 @@ def test_a_lockout_on_one_replica_is_every_replicas_lockout(
 ) -> None:
     fake, _ = upstream
     fleet = make_fleet(3)
-    configure(fleet, NO_WAITING)
-    configure(fleet, {"modelLockout": {"enabled": True}}, "/api/settings")
+    fleet.configure(NO_WAITING)
+    fleet.configure({"modelLockout": {"enabled": True}}, "/api/settings")
     fake.by_model("m2", Reply("error", status=404))
 
     assert fleet[0].chat("alpha/m2").status_code == 404
@@ -194,7 +176,7 @@ def test_two_replicas_patching_at_once_both_changes_survive(make_fleet: Callable
     assert results == [200, 200]
     for replica in fleet.replicas:
         wait_for(
-            lambda r=replica: _has(
+            lambda r=replica: holds(
                 r.client.get("/api/resilience").json(),
                 {
                     "providerBreaker": {"local": {"failureThreshold": 9}},
@@ -211,7 +193,7 @@ def test_an_operator_reset_on_one_replica_is_seen_by_another_replicas_console(
 ) -> None:
     fake, _ = upstream
     fleet = make_fleet(3, disable_cooling=True)
-    configure(fleet, NO_WAITING)
+    fleet.configure(NO_WAITING)
     fake.default(Reply("error", status=503))
     fleet[0].chat()
     wait_for(lambda: fleet[0].breaker()["state"] == "OPEN", 1.0, "OPEN")
