@@ -5,7 +5,9 @@ The statistics (`TrafficStats`) keep per provider and per connection a ring of 5
 (15 minutes) and running totals per window (1, 5 and 15 minutes): a request adds to its bucket
 and to each window's totals, and a bucket leaving a window is subtracted from it, so a read
 never scans records or buckets. Latencies are counted in fixed histogram bins (the same ones
-`/metrics` exposes); percentiles are interpolated within a bin.
+`/metrics` exposes); percentiles are interpolated within a bin, and each bucket also keeps its
+fastest and slowest latency, so that an estimate never lies outside what the window's requests
+took (one request of 320 ms reads as 320 ms, not as the middle of its 300-400 ms bin).
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ ERRORS, STREAM_TOKENS, STREAM_MS, PROMPT, COMPLETION, LAT_SUM, TTFT_SUM = range(
 LAT = 7
 TTFT = LAT + _BINS
 _WIDTH = TTFT + _BINS
+"""The part of a row that adds up: a window's totals are its buckets' rows added (and taken away)."""
+LAT_MIN, LAT_MAX, TTFT_MIN, TTFT_MAX = range(_WIDTH, _WIDTH + 4)
+"""The extremes, after the part that adds up: they do not subtract, so a window's are found from
+its buckets when read (`_Series.window`), and the all-time row keeps none."""
+_FULL = _WIDTH + 4
+_NONE = 1e300
+"""The fastest latency of a row that holds none (finite: a row goes to other replicas as JSON)."""
+_BLANK = (0.0,) * _WIDTH + (_NONE, 0.0, _NONE, 0.0)
+
+
+def _blank() -> list[float]:
+    return list(_BLANK)
 
 
 def count(row: list[float], start: int) -> float:
@@ -61,11 +75,11 @@ class _Series:
     __slots__ = ("bucket_of", "buckets", "current", "last", "latest", "statuses", "total", "windows")
 
     def __init__(self) -> None:
-        self.buckets = [[0.0] * _WIDTH for _ in range(SLOTS)]
+        self.buckets = [_blank() for _ in range(SLOTS)]
         self.bucket_of = [-1] * SLOTS
         """The bucket number each slot holds (-1: none)."""
-        self.windows = [[0.0] * _WIDTH for _ in _SPANS]
-        self.total = [0.0] * _WIDTH
+        self.windows = [_blank() for _ in _SPANS]
+        self.total = _blank()
         """Closed buckets since the start (for /metrics' counters and histograms)."""
         self.last = -1
         self.current = self.buckets[0]
@@ -85,7 +99,7 @@ class _Series:
             _add(self.total, self.current)  # bucket `last` closes
         if last < 0 or bucket - last > SLOTS:
             for row in windows:
-                row[:] = [0.0] * _WIDTH
+                row[:] = _BLANK
             bucket_of[:] = [-1] * SLOTS
         else:
             for b in range(last + 1, bucket + 1):
@@ -106,21 +120,36 @@ class _Series:
         # number comes round.
         slot = bucket % SLOTS
         if bucket_of[slot] != bucket:
-            buckets[slot] = [0.0] * _WIDTH
+            buckets[slot] = _blank()
             bucket_of[slot] = bucket
         self.current = buckets[slot]
         self.last = bucket
 
     def window(self, w: int, bucket: int) -> list[float]:
-        """Window `w`'s totals as of `bucket` (the current bucket included)."""
+        """Window `w`'s totals as of `bucket` (the current bucket included), with the extremes of
+        the buckets it holds (a fresh list)."""
         self.advance(bucket)
-        closed = self.windows[w]
-        if self.last != bucket:  # a bucket before the last one: nothing of now to add
-            return closed
-        return [a + b for a, b in zip(closed, self.current, strict=True)]
+        closed, last = self.windows[w], self.last
+        if last != bucket:  # a bucket before the last one: nothing of now to add
+            row, top = closed[:], last - 1
+        else:
+            row, top = [a + b for a, b in zip(closed, self.current, strict=True)], last
+        # The closed totals hold buckets (last - span, last - 1], and the current one is `last`.
+        since = last - _SPANS[w]
+        fastest, slowest, first, latest = _NONE, 0.0, _NONE, 0.0
+        buckets = self.buckets
+        for slot, b in enumerate(self.bucket_of):
+            if since < b <= top:
+                held = buckets[slot]
+                fastest = min(fastest, held[LAT_MIN])
+                slowest = max(slowest, held[LAT_MAX])
+                first = min(first, held[TTFT_MIN])
+                latest = max(latest, held[TTFT_MAX])
+        row[LAT_MIN:] = (fastest, slowest, first, latest)
+        return row
 
     def all_time(self) -> list[float]:
-        """Everything since the start, the open bucket included."""
+        """Everything since the start, the open bucket included (no extremes: see LAT_MIN)."""
         if self.last < 0:
             return list(self.total)
         return [a + b for a, b in zip(self.total, self.current, strict=True)]
@@ -136,10 +165,19 @@ def _add(into: list[float], row: list[float]) -> None:
         into[i] += row[i]
 
 
+def _extend(into: list[float], row: Sequence[float]) -> None:
+    """Widen `into`'s extremes to take in `row`'s."""
+    into[LAT_MIN] = min(into[LAT_MIN], row[LAT_MIN])
+    into[LAT_MAX] = max(into[LAT_MAX], row[LAT_MAX])
+    into[TTFT_MIN] = min(into[TTFT_MIN], row[TTFT_MIN])
+    into[TTFT_MAX] = max(into[TTFT_MAX], row[TTFT_MAX])
+
+
 def _summed(rows: Iterable[list[float]]) -> list[float]:
-    total = [0.0] * _WIDTH
+    total = _blank()
     for row in rows:
         _add(total, row)
+        _extend(total, row)
     return total
 
 
@@ -185,11 +223,19 @@ class TrafficStats:
         # Floats added to floats (1.0, not 1): an int added to a float is converted first.
         row[LAT_SUM] += duration_ms
         row[LAT + bisect_left(_EDGES, duration_ms)] += 1.0
+        if duration_ms > row[LAT_MAX]:
+            row[LAT_MAX] = duration_ms
+        if duration_ms < row[LAT_MIN]:
+            row[LAT_MIN] = duration_ms
         if error:
             row[ERRORS] += 1.0
         if ttft_ms is not None:
             row[TTFT_SUM] += ttft_ms
             row[TTFT + bisect_left(_EDGES, ttft_ms)] += 1.0
+            if ttft_ms > row[TTFT_MAX]:
+                row[TTFT_MAX] = ttft_ms
+            if ttft_ms < row[TTFT_MIN]:
+                row[TTFT_MIN] = ttft_ms
         if usage is not None:
             completion = usage[1]
             row[PROMPT] += usage[0] or 0
@@ -266,7 +312,7 @@ class TrafficStats:
 _IDLE = StatsView(0, 0, None, None, None, None, None)
 """A connection's figures over a window it served no request in."""
 
-ROW_WIDTH = _WIDTH
+ROW_WIDTH = _FULL
 """The length of one raw row (`TrafficStats.rows`): a row of another length (another layout of
 the bins) cannot be added and is left out by `merged_report`."""
 
@@ -277,16 +323,18 @@ def merged_report(
     """One window's report over several replicas' raw rows (`TrafficStats.rows()[window]` each).
 
     The rows are added up bin by bin, then read like one replica's: counts, errors and token sums
-    add, and the percentiles come from the merged histograms (never an average of percentiles).
+    add, the extremes widen, and the percentiles come from the merged histograms (never an
+    average of percentiles).
     `members`: each provider's connection ids, as `TrafficStats` takes them."""
-    totals = {c: [0.0] * _WIDTH for ids in members.values() for c in ids}
+    totals = {c: _blank() for ids in members.values() for c in ids}
     for part in parts:
         for connection, row in part.items():
             into = totals.get(connection)
-            if into is None or len(row) != _WIDTH:
+            if into is None or len(row) != _FULL:
                 continue
-            for i in range(_WIDTH):
-                into[i] += float(row[i])
+            row = [float(x) for x in row]
+            _add(into, row)
+            _extend(into, row)
     return StatsReport(
         window,
         {p: _stats(_summed(totals[c] for c in ids)) for p, ids in members.items()},
@@ -313,9 +361,14 @@ def _stats(row: list[float]) -> StatsView:
 
 
 def _quantile(row: list[float], start: int, count: float, q: float) -> float | None:
-    """The q-quantile of the histogram at row[start:start+_BINS], interpolated within its bin."""
+    """The q-quantile of the histogram at row[start:start+_BINS], interpolated within its bin, the
+    bin narrowed to the row's fastest and slowest (which lie in its first and last bins): so the
+    estimate never leaves what was measured, and the open bin past the last bound has a top."""
     if count < 0.5:
         return None
+    extremes = LAT_MIN if start == LAT else TTFT_MIN
+    fastest, slowest = row[extremes], row[extremes + 1]
+    known = fastest <= slowest
     rank = q * count
     seen = 0.0
     for i in range(_BINS):
@@ -323,10 +376,11 @@ def _quantile(row: list[float], start: int, count: float, q: float) -> float | N
         if n <= 0:
             continue
         if seen + n >= rank:
-            low = LATENCY_EDGES_MS[i - 1] if i > 0 else 0.0
-            if i >= len(LATENCY_EDGES_MS):
-                return float(low)
-            high = LATENCY_EDGES_MS[i]
+            low = float(LATENCY_EDGES_MS[i - 1]) if i > 0 else 0.0
+            high = float(LATENCY_EDGES_MS[i]) if i < len(LATENCY_EDGES_MS) else low
+            if known:
+                low = max(low, fastest)
+                high = max(low, slowest if i == len(LATENCY_EDGES_MS) else min(high, slowest))
             return round(low + (high - low) * (rank - seen) / n, 1)
         seen += n
     return None

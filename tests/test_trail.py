@@ -88,6 +88,52 @@ def test_percentiles_are_interpolated_within_their_bins() -> None:
     assert view.ttft_p50_ms is not None and 400 <= view.ttft_p50_ms <= 600
 
 
+def test_one_request_reads_as_its_own_latency_not_its_bins_middle() -> None:
+    s = stats()
+    add(s, T0, 320.0, ttft=120.0)  # bins (300, 400] and (100, 150]
+    view = s.report("1m", T0).providers["p"]
+    assert (view.p50_ms, view.p95_ms, view.ttft_p50_ms) == (320.0, 320.0, 120.0)
+
+
+def test_the_slowest_bin_is_read_up_to_the_slowest_request_even_past_the_last_bound() -> None:
+    s = stats()
+    for _ in range(10):
+        add(s, T0, 400_000.0)  # past the last bound (300 s): the open bin
+    view = s.report("1m", T0).providers["p"]
+    assert view.p50_ms == 400_000.0 and view.p95_ms == 400_000.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(0, 400_000, allow_nan=False), min_size=1, max_size=40),
+    st.lists(st.floats(0, 400_000, allow_nan=False), min_size=1, max_size=40),
+    st.sampled_from(("1m", "5m", "15m")),
+)
+def test_percentiles_lie_between_the_fastest_and_the_slowest_request(
+    here: list[float], there: list[float], window: str
+) -> None:
+    """Whatever the bins, an estimate never says a request took less than the fastest one or more
+    than the slowest: on one connection, a provider of two, and two replicas' rows merged."""
+    one, other = TrafficStats({"p": ["a", "b"]}), TrafficStats({"p": ["a", "b"]})
+    for i, ms in enumerate(here):
+        one.add("p", "ab"[i % 2], T0 + i, ms, False, 200, ms / 2, None, None)
+    for ms in there:
+        other.add("p", "a", T0, ms, False, 200, None, None, None)
+    merged = merged_report(window, one.ids, [one.rows(T0 + 40)[window], other.rows(T0 + 40)[window]])
+    for view, latencies in (
+        (one.report(window, T0 + 40).providers["p"], here),
+        (one.report(window, T0 + 40).connections["a"], here[::2]),
+        (merged.providers["p"], here + there),
+    ):
+        low, high = min(latencies), max(latencies)
+        assert view.p50_ms is not None and view.p95_ms is not None
+        assert low - 0.05 <= view.p50_ms <= view.p95_ms <= high + 0.05, (view, low, high)
+    ttft = one.report(window, T0 + 40).providers["p"].ttft_p50_ms
+    assert ttft is not None and min(here) / 2 - 0.05 <= ttft <= max(here) / 2 + 0.05
+    series = one.p50_series("p", T0 + 40, 1)
+    assert series[0] is not None and min(here) - 0.05 <= series[0] <= max(here) + 0.05
+
+
 def test_tokens_per_second_counts_streams_with_usage_only() -> None:
     s = stats()
     s.add("p", "c", T0, 2000, False, 200, 500, (10, 300, 310), 1500)
