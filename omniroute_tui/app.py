@@ -60,7 +60,9 @@ SHORT_ROWS = 20
 class OmniRouteApp(App[int]):
     CSS_PATH = "omniroute.tcss"
     TITLE = "omniroute"
-    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (SHORT_ROWS, "-tall")]
+    # (Not annotated again: Textual declares it `ClassVar[...] | None`, which mypy reads as an
+    # instance variable that a ClassVar may not override.)
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_ROWS, "-tall")]  # noqa: RUF012
     """A terminal shorter than SHORT_ROWS hides the detail panes (omniroute.tcss), so that every
     table keeps its header and at least three rows down to 40x12."""
     COMMANDS = App.COMMANDS | {ConsoleCommands}

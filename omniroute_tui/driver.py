@@ -74,6 +74,8 @@ class ConsoleDriver(LinuxDriver):
         super().__init__(app, **kwargs)
         self.gone = False
         # LinuxDriver hands `_file` to the writer thread it creates in start_application_mode.
+        if self._file is None:  # (sys.__stderr__: None only when the process has no fd 2)
+            raise RuntimeError("the console needs a terminal on standard error")
         self._output = _Output(self._file, self._output_failed)
         self._file = self._output  # type: ignore[assignment]
 

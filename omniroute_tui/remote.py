@@ -414,12 +414,19 @@ class Mirror:
     def alive_count(self) -> int:
         return len(self._alive)
 
-    def finished_requests(self, mark: int) -> tuple[list[RequestView], int]:
+    def finished_requests(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
         finished, total = self._finished, self._finished_total
         count = min(total - mark, len(finished))
+        if limit is not None:
+            count = min(count, limit)
         if count <= 0:
             return [], total
         return list(finished)[len(finished) - count :], total
+
+    def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]:
+        states = {request_id: view.state for request_id, view in self._alive.items()}
+        changed = [view for request_id, view in self._alive.items() if known.get(request_id) != view.state]
+        return changed, states
 
     def stats(self, window: str, now: float) -> StatsReport:
         found = self._stats.get(window)

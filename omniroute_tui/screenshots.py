@@ -21,7 +21,7 @@ from textual.pilot import Pilot
 from omniroute_tui.app import OmniRouteApp, make_app
 from proxy import serve
 from proxy.demo import DEMO_PORT
-from proxy.readmodel import ReadModel
+from proxy.readmodel import ReadModel, RequestView
 
 SIZE = (120, 40)
 MIN_WARMUP_S = 20.0
@@ -44,6 +44,7 @@ def _always(read: ReadModel, now: float) -> bool:
 def _telling_trail(read: ReadModel) -> str | None:
     """The newest finished request whose trail has a skip and a fallback (or at least one of them)."""
     finished = [r for r in read.requests(state="done") if r.attempts]
+    wanted: Callable[[RequestView], object]
     for wanted in (
         lambda r: r.skipped and any(a.outcome == "fallback" for a in r.attempts),
         lambda r: r.waits or any(a.outcome == "fallback" for a in r.attempts),
@@ -80,8 +81,13 @@ def _socket() -> socket.socket:
         return serve.bind_socket("127.0.0.1", 0)
 
 
+def read_model(app: OmniRouteApp) -> ReadModel:
+    assert app.runtime is not None  # (screenshots are of the hosted console)
+    return app.runtime.read
+
+
 async def _wait_for(app: OmniRouteApp, pilot: Pilot[int], ready: Callable[[ReadModel, float], bool]) -> None:
-    read = app.runtime.read
+    read = read_model(app)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + MAX_WAIT_S
     while not ready(read, read.now()) and loop.time() < deadline:
@@ -100,7 +106,7 @@ async def capture(out: Path) -> list[Path]:
                 await pilot.press(key)
                 await pilot.pause(0.8 if name != "settings" else 3.0)  # the cards mount on first visit
                 if name == "requests":  # the detail pane tells a trail worth reading
-                    picked = _telling_trail(app.runtime.read)
+                    picked = _telling_trail(read_model(app))
                     if picked is not None and app.table("requests").select_key(picked):
                         await pilot.pause(0.8)
                 path = out / f"{name}.svg"

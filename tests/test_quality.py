@@ -36,6 +36,13 @@ def test_mypy_proxy_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_mypy_console_is_clean() -> None:
+    """The console too: its attached read model (the Mirror) must answer every question of the
+    `Observed` protocol the hosted one does, which only the type checker sees whole."""
+    result = subprocess.run([_tool("mypy"), "omniroute_tui"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_engine_imports_no_framework() -> None:
     """proxy/ never needs the console, and the engine never needs HTTP or UI frameworks."""
     code = (

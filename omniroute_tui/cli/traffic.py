@@ -168,7 +168,7 @@ def _status(r: dict[str, Any]) -> str:
     status = r.get("status")
     if state in ("done", "failed") and status is not None:
         return f"{status} {r['code']}" if r.get("code") and state == "failed" else str(status)
-    return state.replace("_", " ")
+    return str(state).replace("_", " ")
 
 
 def _requests_table(rows: list[dict[str, Any]], failed: bool) -> RenderableType | None:

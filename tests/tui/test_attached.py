@@ -383,3 +383,19 @@ def test_the_mirror_follows_a_record_to_its_end_and_keeps_it_once() -> None:
     assert [(r.id, r.state, r.status) for r in new] == [(alive.id, "done", 200)]
     attached.apply("request", ended)  # said again (a snapshot after a reconnect): kept once
     assert attached.finished_requests(mark) == ([], mark)
+
+
+def test_the_mirror_answers_every_request_question_of_the_read_model_as_the_trail_does() -> None:
+    """The attached console reads a Mirror where the hosted one reads the proxy's read model: the
+    two answer the same questions (`Observed`), with the same arguments."""
+    runtime = build_runtime()
+    hosted, attached = runtime.read, mirrored(runtime)
+    newest, mark = attached.finished_requests(0, 2)
+    expected, expected_mark = hosted.finished_requests(0, 2)
+    assert [r.id for r in newest] == [r.id for r in expected] and len(newest) == 2
+    assert mark == expected_mark
+    changed, states = attached.alive_changed({})
+    expected_changed, expected_states = hosted.alive_changed({})
+    assert states == expected_states and states
+    assert sorted(r.id for r in changed) == sorted(r.id for r in expected_changed)
+    assert attached.alive_changed(states) == ([], states)
