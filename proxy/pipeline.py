@@ -51,8 +51,8 @@ from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.guard import HEADERS_KEY
-from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
+from proxy.resilience.events import Event
 from proxy.resilience.limiter import RequestLimiter, Ticket
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.resilience.semaphore import ConnectionSemaphore
@@ -75,6 +75,8 @@ SESSION_HEADERS = ("x-session-id", "x-codex-session-id", "x-omniroute-session")
 _SESSION_KEYS = tuple(h.encode() for h in SESSION_HEADERS)
 _CLIENT_KEYS = tuple((h, h.encode()) for h in CLIENT_HEADERS)
 WAIT_SLACK_MS = 50.0
+_NUDGING_LAYERS = frozenset(("operator", "settings"))
+"""The events after which a request waiting out a cooldown looks again at once (`Pipeline.nudge`)."""
 _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
@@ -222,6 +224,8 @@ class Pipeline:
         self._waiters: set[asyncio.Task[Any]] = set()
         """The tasks of the requests waiting right now (a cooldown, the request queue, a
         concurrency slot): `stop` answers them at once rather than hold the stop."""
+        self._sleepers: set[asyncio.Future[None]] = set()
+        """The wake-ups of the requests waiting out a cooldown: `nudge` brings them forward."""
         self.owners: ResponseOwners | None = None
         """Which connection created each Responses API response (set by the runtime)."""
         self._mute: dict[str, frozenset[str]] = {
@@ -245,6 +249,17 @@ class Pipeline:
         self.stopping = True
         for task in list(self._waiters):
             task.cancel()
+
+    def nudge(self, event: Event) -> None:
+        """An event bus subscriber: an operator's action or a settings change may have freed what a
+        waiting request waits for (a breaker reset, a connection re-enabled) or turned waiting
+        off, so every request waiting out a cooldown looks again now rather than at the recovery
+        it planned for (up to a minute and a half away). One that still finds nothing waits again
+        for what is left."""
+        if event.layer in _NUDGING_LAYERS and self._sleepers:
+            for wake in self._sleepers:
+                if not wake.done():
+                    wake.set_result(None)
 
     # ------------------------------------------------------------------ entry point
 
@@ -455,7 +470,8 @@ class Pipeline:
 
         The engine's clock decides when the wait ends, like every other engine duration, so the
         wait is as long in engine time as the cooldown it waits out (and a FakeClock test ends it by
-        advancing). A client that leaves cancels it (`_while_connected`).
+        advancing). A client that leaves cancels it (`_while_connected`); an operator's action or
+        a settings change ends it early (`nudge`), and the request looks again.
         """
         wait = self.engine.settings.combo_wait()
         if (
@@ -473,7 +489,6 @@ class Pipeline:
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
             return False
         progress.waits += 1
-        progress.waited_ms += delay_ms
         self.waiting += 1
         record, trail = progress.record, self.trail
         if record is not None and trail is not None:
@@ -481,13 +496,21 @@ class Pipeline:
         task = asyncio.current_task()
         assert task is not None
         self._waiters.add(task)
+        clock = self.engine.clock
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = clock.call_at(now + delay_ms, lambda: None if woken.done() else woken.set_result(None))
+        self._sleepers.add(woken)
         try:
-            await sleep_until(self.engine.clock, now + delay_ms)
+            await woken  # the recovery, or a `nudge`
         finally:
+            timer.cancel()
+            self._sleepers.discard(woken)
             self._waiters.discard(task)
             self.waiting -= 1
+            waited = clock.now() - now
+            progress.waited_ms += waited  # (what it took: a nudged wait ends early)
             if record is not None and trail is not None:
-                trail.waited(record, self.engine.clock.now() - now, decision)
+                trail.waited(record, waited, decision)
         return True
 
     async def _attempt(

@@ -134,6 +134,7 @@ class Runtime:
             self.fleet.stats_source = self.trail.stats_rows
         self.pipeline = Pipeline(config, self.engine, self.router, self.upstream, self.trail)
         self.pipeline.owners = self.owners
+        self.bus.subscribe(self.pipeline.nudge)  # an operator's action frees waiting requests at once
         self.read = ReadModel(self.engine, self.bus, self.version, self.trail, fleet=self.fleet)
         """What observers (the console) read: frozen views, never the engine's live objects."""
         self.stream = StreamHub(self.bus, self.settings, self.read)

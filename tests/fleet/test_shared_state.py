@@ -327,3 +327,37 @@ def test_a_bad_backend_in_the_environment_is_refused(tmp_path: Path, value: str)
     )
     assert result.returncode == 2
     assert "OMNIROUTE_STATE_BACKEND" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_operator_on_one_replica_frees_the_requests_waiting_on_another(
+    make_fleet: Callable[..., Fleet], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """A request on B waits out both keys' cooldown (a minute); the operator resets a key through A,
+    and B's request is served at once; another waits, the operator turns waits off through A, and
+    it is answered at once."""
+    fake, _ = upstream
+    fleet = make_fleet(2, provider_class="apikey")  # (an API key honours Retry-After: 60 s)
+    a, b = fleet[0], fleet[1]
+
+    def waiting_on_b() -> tuple[threading.Thread, list[httpx.Response]]:
+        fake.default(Reply("error", status=429, headers={"Retry-After": "60"}))
+        answers: list[httpx.Response] = []
+        thread = threading.Thread(target=lambda: answers.append(b.chat()), daemon=True)
+        thread.start()
+        wait_for(
+            lambda: any(r["state"] == "waiting" for r in b.client.get("/api/requests").json()["requests"]),
+            5,
+            "a request waiting on B",
+        )
+        return thread, answers
+
+    thread, answers = waiting_on_b()
+    fake.default(Reply("json"))
+    assert a.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+    thread.join(5)
+    assert [r.status_code for r in answers] == [200]
+
+    thread, answers = waiting_on_b()
+    assert a.patch("/api/resilience", NO_WAITING).status_code == 200
+    thread.join(5)
+    assert [r.status_code for r in answers] == [429]
