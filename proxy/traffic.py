@@ -72,7 +72,17 @@ class _Series:
     one provider), so a request costs the same whatever a provider holds.
     """
 
-    __slots__ = ("bucket_of", "buckets", "current", "last", "latest", "statuses", "total", "windows")
+    __slots__ = (
+        "bucket_of",
+        "buckets",
+        "current",
+        "extremes",
+        "last",
+        "latest",
+        "statuses",
+        "total",
+        "windows",
+    )
 
     def __init__(self) -> None:
         self.buckets = [_blank() for _ in range(SLOTS)]
@@ -86,6 +96,10 @@ class _Series:
         """The row of bucket `last`."""
         self.statuses: dict[int, int] = {}
         """Finished requests per status since the start (0: none, the client went first)."""
+        self.extremes: list[tuple[int, tuple[float, float, float, float]]] = [
+            (-1, (_NONE, 0.0, _NONE, 0.0)) for _ in _SPANS
+        ]
+        """Per window, the extremes of its closed buckets as of bucket `last` (`_closed_extremes`)."""
         self.latest = -1 - SLOTS
         """The bucket of the latest request: a window that ends past it by its span is empty,
         which a read then knows without summing (most connections of a large config are idle)."""
@@ -129,24 +143,33 @@ class _Series:
         """Window `w`'s totals as of `bucket` (the current bucket included), with the extremes of
         the buckets it holds (a fresh list)."""
         self.advance(bucket)
-        closed, last = self.windows[w], self.last
-        if last != bucket:  # a bucket before the last one: nothing of now to add
-            row, top = closed[:], last - 1
-        else:
-            row, top = [a + b for a, b in zip(closed, self.current, strict=True)], last
-        # The closed totals hold buckets (last - span, last - 1], and the current one is `last`.
-        since = last - _SPANS[w]
-        fastest, slowest, first, latest = _NONE, 0.0, _NONE, 0.0
-        buckets = self.buckets
-        for slot, b in enumerate(self.bucket_of):
-            if since < b <= top:
-                held = buckets[slot]
-                fastest = min(fastest, held[LAT_MIN])
-                slowest = max(slowest, held[LAT_MAX])
-                first = min(first, held[TTFT_MIN])
-                latest = max(latest, held[TTFT_MAX])
+        closed, current = self.windows[w], self.current
+        row = closed[:] if self.last != bucket else [a + b for a, b in zip(closed, current, strict=True)]
+        fastest, slowest, first, latest = self._closed_extremes(w)
+        if self.last == bucket:  # (else a bucket before the last one: nothing of now to add)
+            fastest, slowest = min(fastest, current[LAT_MIN]), max(slowest, current[LAT_MAX])
+            first, latest = min(first, current[TTFT_MIN]), max(latest, current[TTFT_MAX])
         row[LAT_MIN:] = (fastest, slowest, first, latest)
         return row
+
+    def _closed_extremes(self, w: int) -> tuple[float, float, float, float]:
+        """The extremes of window `w`'s closed buckets, (last - span, last - 1]: found from them
+        once per bucket (a closed bucket never changes), so that a read stays O(1)."""
+        last = self.last
+        cached = self.extremes[w]
+        if cached[0] == last:
+            return cached[1]
+        fastest, slowest, first, latest = _NONE, 0.0, _NONE, 0.0
+        buckets, bucket_of = self.buckets, self.bucket_of
+        for b in range(last - _SPANS[w] + 1, last):
+            slot = b % SLOTS
+            if bucket_of[slot] == b:
+                held = buckets[slot]
+                fastest, slowest = min(fastest, held[LAT_MIN]), max(slowest, held[LAT_MAX])
+                first, latest = min(first, held[TTFT_MIN]), max(latest, held[TTFT_MAX])
+        found = (fastest, slowest, first, latest)
+        self.extremes[w] = (last, found)
+        return found
 
     def all_time(self) -> list[float]:
         """Everything since the start, the open bucket included (no extremes: see LAT_MIN)."""

@@ -282,25 +282,32 @@ def test_a_report_holds_exactly_the_requests_its_window_holds(
     requests: list[tuple[str, int, float]], reads: list[int]
 ) -> None:
     """Against a naive count: requests added (in time order) and reports read at any times in
-    between, in any window; idle connections and reads that opened a bucket included."""
+    between, in any window; idle connections and reads that opened a bucket included. The
+    percentiles lie between the fastest and the slowest request the window holds."""
     s = TrafficStats({"p": ["a", "b"], "q": ["c"]})
     events = sorted([(at, 0, r) for r in requests for at in [r[1]]] + [(at, 1, None) for at in reads],
                     key=lambda e: (e[0], e[1]))  # fmt: skip
-    added: list[tuple[str, int]] = []
+    added: list[tuple[str, int, float]] = []
     for second, kind, request in events:
         now = T0 + second * 1000
         if kind == 0:
             assert request is not None
             connection, _, ms = request
             s.add("q" if connection == "c" else "p", connection, now, ms, False, 200, None, None, None)
-            added.append((connection, int(now // BUCKET_MS)))
+            added.append((connection, int(now // BUCKET_MS), ms))
             continue
         bucket = int(now // BUCKET_MS)
         for window, span_ms in WINDOWS.items():
             report = s.report(window, now)
-            held = [c for c, b in added if bucket - span_ms // BUCKET_MS < b <= bucket]
+            inside = [(c, ms) for c, b, ms in added if bucket - span_ms // BUCKET_MS < b <= bucket]
+            held = [c for c, _ in inside]
             for connection in "abc":
                 assert report.connections[connection].requests == held.count(connection)
+                took = [ms for c, ms in inside if c == connection]
+                view = report.connections[connection]
+                if took:  # the estimates lie within what the window's requests took
+                    assert view.p50_ms is not None and view.p95_ms is not None
+                    assert min(took) - 0.05 <= view.p50_ms <= view.p95_ms <= max(took) + 0.05
             assert report.providers["p"].requests == held.count("a") + held.count("b")
             assert report.providers["q"].requests == held.count("c")
 
