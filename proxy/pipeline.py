@@ -1274,7 +1274,12 @@ def _ended(trail: Trail, record: RequestRecord, response: Response | None, now: 
     body = response.body if not isinstance(response, StreamingResponse) else b""
     record.bytes_out = len(body)
     if status >= 400:
-        record.code, record.message = error_of(bytes(body))
+        # The body was scrubbed as it was relayed; what decoding it reveals is scrubbed again (a
+        # secret an upstream escaped twice reads, once decoded, as one escaped once).
+        scrub = trail.engine.scrubber
+        code, message = error_of(bytes(body))
+        record.code = scrub(code) if code else code
+        record.message = scrub(message) if message else message
     trail.end(record, status, now=now)
 
 

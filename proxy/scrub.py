@@ -1,4 +1,4 @@
-"""Secrets out of what an upstream says: the one scrubber.
+r"""Secrets out of what an upstream says: the one scrubber.
 
 An upstream may quote the credential it was sent ("Incorrect API key provided: sk-...") in its error
 body, its headers or an error event of a stream. Whatever of that text this program keeps or shows
@@ -6,7 +6,9 @@ body, its headers or an error event of a stream. Whatever of that text this prog
 client) goes through `Scrubber` first, which replaces with `REDACTED`:
 
 - every configured secret (the connections' API keys, `server.api_keys`, the management token),
-  as written and as JSON escapes it;
+  as written and however a JSON encoder may escape it: each character as itself, as `\uXXXX`
+  (either case), or as its short escape (`\"`, `\\`, `\/`), in any mix: Python escapes `"`
+  and `\`, PHP also `/`, Go `<`, `>` and `&`, and an encoder may escape every character;
 - anything shaped like a credential: `Bearer <token>`, and `sk-...` keys (`sk-ant-...`, `sk-proj-...`).
 
 The shapes are applied only to error text: a successful answer (a completion, a stream's content)
@@ -16,7 +18,6 @@ those never appear in an honest answer.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from typing import Final
@@ -50,18 +51,20 @@ def scrub_shapes(text: str) -> str:
 class Scrubber:
     """Replaces the configured `secrets` (and, in error text, credential shapes) with `REDACTED`."""
 
-    __slots__ = ("_bytes", "_text")
+    __slots__ = ("_bytes", "_bytes_any", "_text")
 
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
-        forms: set[str] = set()
-        for secret in secrets:
-            if secret and len(secret) >= MIN_SECRET_LENGTH:
-                forms.add(secret)
-                forms.add(json.dumps(secret)[1:-1])  # as it reads inside a JSON string
         # Longest first, so that a secret containing another is replaced whole.
-        ordered = sorted(forms, key=len, reverse=True)
-        self._text = re.compile("|".join(map(re.escape, ordered))) if ordered else None
-        self._bytes = re.compile(b"|".join(re.escape(form.encode()) for form in ordered)) if ordered else None
+        ordered = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+        self._text = re.compile("|".join(map(_escaped_any_way, ordered))) if ordered else None
+        self._bytes_any = re.compile(_escaped_any_way_bytes(ordered)) if ordered else None
+        # Content (every relayed success body and stream line) is first searched for the secrets
+        # as most encoders write them (`_escaped_usual_ways`), and for an escape only some write
+        # (`\u`, `\/`): every other way of writing a secret holds one (a secret has no control
+        # characters). Only content where one is found is searched with the pattern for every
+        # mix of escapes, which costs several times more.
+        usual = b"|".join([*(_escaped_usual_ways(s).encode() for s in ordered), rb"\\[u/]"])
+        self._bytes = re.compile(usual) if ordered else None
 
     def __call__(self, text: str) -> str:
         """Error text: the configured secrets and every credential shape replaced."""
@@ -72,9 +75,9 @@ class Scrubber:
     def secrets(self, data: bytes) -> bytes:
         """Content relayed as it came (a success body, a stream's bytes): only the configured
         secrets replaced. Cheap when there are none, or none of them is in `data`."""
-        if self._bytes is None:
+        if self._bytes is None or self._bytes_any is None or self._bytes.search(data) is None:
             return data
-        return self._bytes.sub(_REDACTED_BYTES, data)
+        return self._bytes_any.sub(_REDACTED_BYTES, data)
 
     def error_bytes(self, data: bytes) -> bytes:
         """An error body relayed to the client: like `__call__`, on bytes that may not be UTF-8."""
@@ -83,6 +86,62 @@ class Scrubber:
     def finds(self, text: str) -> bool:
         """Does `text` hold anything `__call__` would replace?"""
         return self(text) != text
+
+
+_SHORT_ESCAPES: Final = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "/": "\\/",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+"""A character and its two-character JSON escape (RFC 8259 §7), as the text holds it."""
+
+
+def _escaped_any_way(secret: str) -> str:
+    r"""A pattern for `secret` as written or as any JSON encoder may have escaped any of its
+    characters (each one on its own: as itself, `\uXXXX` in either case, or its short escape).
+    Every form is ASCII but the characters themselves, so it also works on UTF-8 bytes."""
+    parts = []
+    for char in secret:
+        # Longest first: a secret ending in `\` must take `\u005c` whole, not its backslash alone.
+        forms = ["".join(_unicode_escape(unit) for unit in _utf16(char))]
+        if char in _SHORT_ESCAPES:
+            forms.append(re.escape(_SHORT_ESCAPES[char]))
+        forms.append(re.escape(char))
+        parts.append(f"(?:{'|'.join(forms)})")
+    return "".join(parts)
+
+
+def _escaped_usual_ways(secret: str) -> str:
+    r"""A pattern for `secret` as written, or with its `"` and `\` escaped as JSON must (`\"`,
+    `\\`) and everything else as written: what most encoders write (UTF-8 as is)."""
+    return "".join(
+        f"(?:{re.escape(_SHORT_ESCAPES[char])}|{re.escape(char)})" if char in '"\\' else re.escape(char)
+        for char in secret
+    )
+
+
+def _escaped_any_way_bytes(secrets: list[str]) -> bytes:
+    return "|".join(map(_escaped_any_way, secrets)).encode()
+
+
+def _unicode_escape(unit: int) -> str:
+    r"""A pattern for `\uXXXX` of one UTF-16 code unit, its hex digits in either case."""
+    digits = "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{unit:04x}")
+    return re.escape("\\") + "u" + digits
+
+
+def _utf16(char: str) -> list[int]:
+    r"""The UTF-16 code units JSON's `\u` escapes write for `char` (two for one past the BMP)."""
+    code = ord(char)
+    if code < 0x10000:
+        return [code]
+    code -= 0x10000
+    return [0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)]
 
 
 class StreamScrubber:

@@ -17,6 +17,56 @@ def test_configured_secrets_as_written_and_as_json_escapes_them() -> None:
     assert scrub.secrets(f"x{KEY}x".encode()) == b"x***x"
 
 
+SHORT = {'"': '\\"', "\\": "\\\\", "/": "\\/"}
+
+
+def escaped(secret: str, ways: list[int]) -> str:
+    r"""`secret` with each character written one of the ways a JSON encoder may: as itself (0), as
+    `\uXXXX` in lower (1) or upper case (2), or as its short escape (3, where it has one)."""
+    out = []
+    for char, way in zip(secret, ways, strict=False):
+        if way in (1, 2):
+            units = [ord(char)] if ord(char) < 0x10000 else [
+                0xD800 + ((ord(char) - 0x10000) >> 10), 0xDC00 + ((ord(char) - 0x10000) & 0x3FF)
+            ]  # fmt: skip
+            text = "".join(f"\\u{u:04x}" for u in units)
+            out.append(text.upper().replace("\\U", "\\u") if way == 2 else text)
+        elif way == 3 and char in SHORT:
+            out.append(SHORT[char])
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from([*'abcXYZ019/+=<>&"\\-_.', "é", "ß", "\U0001f600"]),
+        min_size=8,
+        max_size=40,
+    ),
+    st.data(),
+)
+def test_a_secret_is_found_however_a_json_encoder_escaped_it(secret: str, data: st.DataObject) -> None:
+    r"""PHP writes `\/`, Go `\u003c` for `<`, some encoders escape every character, others write
+    UTF-8 as is: any mix of those, in error text and in relayed content, is replaced whole."""
+    ways = data.draw(st.lists(st.integers(0, 3), min_size=len(secret), max_size=len(secret)))
+    written = escaped(secret, ways)
+    scrub = Scrubber([secret, "another-secret-0123"])
+    assert scrub(f'{{"message": "bad key {written}!"}}') == f'{{"message": "bad key {REDACTED}!"}}'
+    assert scrub.secrets(f"key={written};".encode()) == f"key={REDACTED};".encode()
+    lines = StreamScrubber(scrub)
+    event = f'data: {{"error": {{"message": "{written}"}}}}\n\n'.encode()
+    assert secret.encode() not in lines.feed(event) + lines.flush()
+
+
+def test_content_without_a_secret_or_an_odd_escape_is_passed_on_as_it_is() -> None:
+    scrub = Scrubber([KEY])
+    body = b'{"content": "line\\none \\"quoted\\" \\\\ path"}'
+    assert scrub.secrets(body) is body
+    assert scrub.secrets(b'{"content": "caf\\u00e9 a\\/b"}') == b'{"content": "caf\\u00e9 a\\/b"}'
+
+
 def test_shapes_are_replaced_in_error_text_only() -> None:
     text = "sk-ant-api03-abcdefgh and sk-proj-ABCDEFGHIJ and Bearer abc.def-ghi_jkl= and bearer   12345678"
     assert scrub_shapes(text) == "*** and *** and Bearer *** and bearer   ***"

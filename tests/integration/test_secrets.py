@@ -213,3 +213,93 @@ def test_a_clean_state_file_is_left_as_it_is(tmp_path: Path) -> None:
         assert store.purge(lambda text: KEY_A in text) is False
     finally:
         store.close()
+
+
+ODD_KEY = 'pl"ain\\Secret/Value<42>&x+AbC/dEf=='
+"""A key with the characters encoders escape differently: `"` and `\\` (all), `/` (PHP), `<`, `>`, `&`
+(Go)."""
+
+
+def _php(text: str) -> str:
+    return json.dumps(text)[1:-1].replace("/", "\\/")
+
+
+def _go(text: str) -> str:
+    return json.dumps(text)[1:-1].replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _every_char(text: str) -> str:
+    return "".join(f"\\u{ord(c):04X}" for c in text)
+
+
+ODD_FORMS = (ODD_KEY, json.dumps(ODD_KEY)[1:-1], _php(ODD_KEY), _go(ODD_KEY), _every_char(ODD_KEY))
+
+
+def _strings(text: str) -> list[str]:
+    """`text`, and every string in it once decoded, if it is JSON."""
+    found = [text]
+    try:
+        stack = [json.loads(text)]
+    except ValueError:
+        return found
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def test_a_key_the_upstream_escapes_its_own_way_leaves_by_no_door(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    """PHP writes `\\/`, Go `\\u003c`, some encoders escape every character: the key is found in each
+    form, in relayed errors, a success body, a stream's error event, the request records, the
+    connection's last error, the events and the log, and none of them holds it, escaped or decoded."""
+    caplog.set_level(logging.INFO)
+    up = upstreams("odd")
+    config_text = (
+        f'[providers.one]\nclass = "apikey"\nbase_url = "{up.url}"\nrate_limit = false\n\n'
+        f"[[providers.one.connections]]\nid = \"one-1\"\napi_key = '{ODD_KEY}'\n"
+    )
+    proxy = launch(config_text, settings={"connectionCooldown": {"apikey": {"baseCooldownMs": 0}}})
+    unsubscribe = logs.log_events(proxy.rt.bus)
+
+    def error(form: str) -> str:
+        return '{"error": {"message": "Incorrect API key provided: ' + form + '", "type": "invalid"}}'
+
+    stream = (
+        'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+        f"data: {error(_go(ODD_KEY))}\n\n"
+        "data: [DONE]\n\n"
+    )
+    up.fake.script(
+        Reply("error", status=400, body=error(_php(ODD_KEY)), headers={"content-type": "application/json"}),
+        Reply("error", status=400, body=error(_go(ODD_KEY)), headers={"content-type": "application/json"}),
+        Reply("error", status=429, body=error(_every_char(ODD_KEY)), headers={"content-type": "application/json"}),
+        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "key ' + _go(ODD_KEY) + '"}}]}',
+              headers={"content-type": "application/json"}),
+        Reply("error", status=200, body=stream, headers={"content-type": "text/event-stream"}),
+        Reply("error", status=401, body=error(_every_char(ODD_KEY).lower().replace("\\U", "\\u"))),
+    )  # fmt: skip
+    seen: list[str] = []
+    for _ in range(4):
+        seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
+        proxy.rt.engine.reset_connection("one-1")  # let the next scripted answer through
+    with proxy.http.stream("POST", CHAT_PATH, json=chat("one/m1", stream=True)) as streamed:
+        seen.append("".join(streamed.iter_text()))
+    seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)  # 401: the key is expired
+    assert len(up.calls()) == 6
+    proxy.settled()
+    for path in ("/api/requests", "/api/resilience/connections", "/api/events", "/api/monitoring/health"):
+        seen.append(proxy.http.get(path).text)
+    unsubscribe()
+    assert proxy.connection("one-1")["lastError"].startswith("401: ")
+
+    texts = [t for text in seen for t in _strings(text)] + [r.getMessage() for r in caplog.records]
+    assert [t for t in texts if any(form in t for form in ODD_FORMS)] == []
+    assert any("Incorrect API key provided: ***" in t for t in texts)
