@@ -98,7 +98,7 @@ _SHORT_ESCAPES: Final = {
     "\r": "\\r",
     "\t": "\\t",
 }
-"""A character and its two-character JSON escape (RFC 8259 §7), as the text holds it."""
+"""A character and its two-character JSON escape (RFC 8259, "Strings"), as the text holds it."""
 
 
 def _escaped_any_way(secret: str) -> str:
