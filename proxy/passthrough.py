@@ -44,6 +44,8 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
         return error_response(499, "the client went away before its body arrived", "client_disconnected")
     try:
         body = untrusted.loads(raw)
+    except untrusted.Unsendable as exc:
+        return error_response(400, f"request body: {exc}", "invalid_request")
     except (ValueError, RecursionError):
         return error_response(400, "request body is not valid JSON", "invalid_json")
     if not isinstance(body, dict):

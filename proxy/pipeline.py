@@ -307,6 +307,9 @@ class Pipeline:
                 return response
             try:
                 body, exact = parse_body(raw)
+            except untrusted.Unsendable as exc:
+                response = error_response(400, f"request body: {exc}", "invalid_request")
+                return response
             except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
                 response = error_response(
                     400,

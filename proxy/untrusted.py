@@ -3,7 +3,9 @@ strictly, quoted briefly, written back without breaking.
 
 - `loads`: JSON as RFC 8259 has it. Python's parser also takes `NaN`, `Infinity` and `-Infinity`,
   which no other JSON reader does: forwarded upstream they make a body the upstream cannot parse,
-  so they are refused here like any other malformed JSON.
+  so they are refused here like any other malformed JSON. So is a number that would come out
+  that way (`1e999` reads as infinity), and an integer too long for CPython to convert
+  (`Unsendable`: legal JSON this program cannot pass on as written).
 - `dumps`: JSON bytes for any document a client can send. A lone surrogate (`"\\ud800"`) is legal
   JSON and decodes to a `str` that UTF-8 cannot encode; it is written back escaped, as it came.
 - `read_answer`: an upstream's JSON as the clients' own libraries read it (NaN and Infinity, as
@@ -21,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["ECHO_LIMIT", "NOT_JSON", "dumps", "echo", "is_text", "loads", "read_answer"]
+__all__ = ["ECHO_LIMIT", "NOT_JSON", "Unsendable", "dumps", "echo", "is_text", "loads", "read_answer"]
 
 ECHO_LIMIT: Final = 200
 """The most characters of a client's input that any answer quotes back."""
@@ -31,10 +33,29 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class Unsendable(ValueError):
+    """Legal JSON that cannot be passed on as the client wrote it: its message says why."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # infinite (a float's own NaN never comes from a JSON number)
+        raise Unsendable(f"the number {echo(text)} is too large to pass on (it reads as infinity)")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # CPython converts at most sys.get_int_max_str_digits() digits (4,300)
+        raise Unsendable(f"an integer of {len(text):,} digits is too long to pass on") from None
+
+
 def loads(raw: bytes | str) -> Any:
     """Parse JSON, refusing `NaN` and `Infinity`. ValueError (or RecursionError, for nesting deeper
-    than the parser goes) when it is not JSON; UnicodeDecodeError is a ValueError."""
-    return json.loads(raw, parse_constant=_no_constant)
+    than the parser goes) when it is not JSON; UnicodeDecodeError is a ValueError; `Unsendable` (a
+    ValueError too) for a number that cannot be written back as it came."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite, parse_int=_integer)
 
 
 NOT_JSON: Final = object()

@@ -76,6 +76,13 @@ def test_a_lone_surrogate_as_the_probe_leaves_no_probe_held(
         pytest.param(b'{"model": "loc/m1", "max_tokens": Infinity}', 400, "invalid_json", id="Infinity"),
         pytest.param(b'{"model": "loc/m1", "top_p": -Infinity}', 400, "invalid_json", id="-Infinity"),
         pytest.param(b'{"model": "loc/\\udc00"}', 400, "invalid_model", id="surrogate-model"),
+        # Legal JSON that could not be passed on as written: 1e999 reads as infinity and would be
+        # written `Infinity`; CPython converts no integer of more than 4,300 digits.
+        pytest.param(b'{"model": "loc/m1", "temperature": 1e999}', 400, "invalid_request", id="1e999"),
+        pytest.param(b'{"model": "loc/m1", "top_p": -1E+999}', 400, "invalid_request", id="-1E+999"),
+        pytest.param(
+            b'{"model": "loc/m1", "seed": ' + b"7" * 5000 + b"}", 400, "invalid_request", id="5000-digits"
+        ),
     ],
 )
 def test_input_no_upstream_could_read_is_400_and_reaches_no_upstream(
@@ -87,6 +94,30 @@ def test_input_no_upstream_could_read_is_400_and_reaches_no_upstream(
     assert error_of(response, status)["code"] == code
     assert up.calls() == []
     proxy.settled()
+
+
+@pytest.mark.parametrize("path", [CHAT_PATH, "/v1/messages", "/v1/responses", "/v1/embeddings"])
+def test_a_number_past_a_doubles_range_is_refused_in_words_on_every_route(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], path: str
+) -> None:
+    up = upstreams()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    response = proxy.http.post(path, content=b'{"model": "loc/m1", "temperature": 1e999}', headers=JSON)
+    assert response.status_code == 400, response.text
+    assert "1e999 is too large to pass on" in response.text
+    assert up.calls() == []
+
+
+def test_large_numbers_a_double_or_an_integer_holds_pass_on_as_written(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    big = b"123456789012345678901234567890"
+    body = b'{"model": "loc/m1", "messages": [], "temperature": 1e308, "seed": ' + big + b"}"
+    assert proxy.http.post(CHAT_PATH, content=body, headers=JSON).status_code == 200
+    [sent] = up.calls()
+    assert big in sent.body and json.loads(sent.body)["temperature"] == 1e308
 
 
 @pytest.mark.parametrize("depth", [900, 5000])
