@@ -836,8 +836,12 @@ class Pipeline:
                         _observe(parser, watchdog, chunk, now)
                         if watchdog.should_abort(now):
                             outcome = Outcome.stall("stream throughput below the watchdog minimum")
-                            yield sse_error(
-                                "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                            if record is not None:
+                                record.code = "stream_stalled"  # (what the client is told)
+                            yield _Ending(
+                                sse_error(
+                                    "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                                )
                             )
                             return
                     sent += len(chunk)
@@ -846,8 +850,8 @@ class Pipeline:
                 outcome = Outcome.ok(upstream.status)
             except UpstreamFailure as failure:
                 outcome = failure.outcome
-                yield sse_error(
-                    f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
+                yield _Ending(
+                    sse_error(f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted")
                 )
             finally:
                 # Synchronous on purpose: this also runs on GeneratorExit from aclose().
@@ -970,8 +974,12 @@ class Pipeline:
                                 error = stream_error(api, data)
                         if error is None and watchdog.should_abort(now):
                             outcome = Outcome.stall("stream throughput below the watchdog minimum")
-                            yield wire.sse_error(
-                                "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                            if record is not None:
+                                record.code = "stream_stalled"  # (what the client is told)
+                            yield _Ending(
+                                wire.sse_error(
+                                    "the upstream stream stalled (throughput watchdog)", "stream_stalled"
+                                )
                             )
                             return
                     sent += len(chunk)
@@ -983,8 +991,10 @@ class Pipeline:
                 outcome = Outcome.ok(upstream.status)
             except UpstreamFailure as failure:
                 outcome = failure.outcome
-                yield wire.sse_error(
-                    f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
+                yield _Ending(
+                    wire.sse_error(
+                        f"the upstream stream broke off: {failure.outcome.error}", "stream_interrupted"
+                    )
                 )
             finally:
                 # Synchronous on purpose: this also runs on GeneratorExit from aclose().
@@ -1293,7 +1303,10 @@ def _stream_ended(
         record.code, record.message = "client_disconnected", "the client went away during the stream"
         trail.end(record, status, state="client_gone", now=now)
     elif not outcome.is_success:
-        record.code = "stream_stalled" if outcome.kind is OutcomeKind.STALL else "stream_interrupted"
+        # The code the client's error event carried: the relay sets `stream_stalled` when the
+        # watchdog cut the stream; anything else that broke it off (an idle upstream too, which
+        # counts as a stall) the client was told was `stream_interrupted`.
+        record.code = record.code or "stream_interrupted"
         record.message = trail.engine.scrubber(outcome.error) or None
         trail.end(record, status, state="failed", now=now)
     else:
@@ -1397,12 +1410,20 @@ class _AttemptScope:
             ticket.release()
 
 
+class _Ending(bytes):
+    """The proxy's own event that ends a relayed stream (the upstream broke off, the watchdog cut
+    it): what is left of an event the upstream never finished is dropped before it, so that the
+    client's SSE parser reads it whole."""
+
+
 async def _scrubbed(relay: AsyncGenerator[bytes, None], scrubber: Scrubber) -> AsyncGenerator[bytes, None]:
     """The relay's bytes without the configured secrets, and its error events without anything
     shaped like a key (`StreamScrubber`). Closing this closes the relay (its `finally` records)."""
     lines = StreamScrubber(scrubber)
     try:
         async for chunk in relay:
+            if type(chunk) is _Ending:
+                lines.drop_partial()
             out = lines.feed(chunk)
             if out:
                 yield out

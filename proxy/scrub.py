@@ -145,18 +145,20 @@ def _utf16(char: str) -> list[int]:
 
 
 class StreamScrubber:
-    """Scrubs a relayed stream line by line, so that a secret split between two chunks is found too.
+    """Scrubs a relayed stream event by event, so that a secret split between two chunks is found too.
 
-    A line is passed on once its end has arrived: an SSE client acts on nothing before the blank
-    line that ends an event, so holding a partial line back delays nothing it could read. A line
-    that carries an error object (`"error"`, as OpenAI and Anthropic error events do) is error text;
-    every other line is content, where only the configured secrets are replaced.
+    An event is passed on once the blank line that ends it has arrived: an SSE client acts on
+    nothing before it, so holding the rest back delays nothing it could read, and a stream that
+    breaks off mid-event leaves the client no half event for the proxy's own closing event to be
+    glued to (`drop_partial`). A line that carries an error object (`"error"`, as OpenAI and
+    Anthropic error events do) is error text; every other line is content, where only the
+    configured secrets are replaced.
     """
 
     __slots__ = ("_pending", "_scrubber")
 
     MAX_PENDING: Final = 64 * 1024
-    """A line longer than this is passed on in pieces rather than held in memory whole."""
+    """An event longer than this is passed on in pieces rather than held in memory whole."""
 
     def __init__(self, scrubber: Scrubber) -> None:
         self._scrubber = scrubber
@@ -165,12 +167,12 @@ class StreamScrubber:
     def feed(self, chunk: bytes) -> bytes:
         """What of the stream so far can be passed on now (possibly nothing)."""
         data = self._pending + chunk if self._pending else chunk
-        cut = data.rfind(b"\n") + 1
+        cut = _events_end(data)
         if cut == 0 and len(data) <= self.MAX_PENDING:
             self._pending = data
             return b""
-        if cut == 0:
-            cut = len(data)
+        if cut == 0:  # a huge event: on in pieces, each cut at a line's end where it can be
+            cut = data.rfind(b"\n") + 1 or len(data)
         self._pending = data[cut:]
         return self._scrub(data[:cut])
 
@@ -178,6 +180,11 @@ class StreamScrubber:
         """The rest, at the end of the stream."""
         data, self._pending = self._pending, b""
         return self._scrub(data) if data else b""
+
+    def drop_partial(self) -> None:
+        """Forget an event that never ended (the upstream broke off inside it): the client gets
+        the proxy's closing event instead, whole."""
+        self._pending = b""
 
     def _scrub(self, data: bytes) -> bytes:
         scrubber = self._scrubber
@@ -187,3 +194,11 @@ class StreamScrubber:
             scrubber.error_bytes(line) if b'"error"' in line else scrubber.secrets(line)
             for line in data.splitlines(keepends=True)
         )
+
+
+def _events_end(data: bytes) -> int:
+    """Where the last complete SSE event in `data` ends (after its blank line), or 0: a line's end
+    followed by an empty line, in LF or CRLF."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)

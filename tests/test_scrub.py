@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,3 +125,21 @@ def test_a_stream_line_longer_than_the_limit_is_passed_on_in_pieces() -> None:
     assert scrubber.feed(big) == big
     assert scrubber.feed(b"tail") == b""
     assert scrubber.flush() == b"tail"
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"], ids=["LF", "CRLF"])
+def test_a_stream_event_is_passed_on_once_its_blank_line_has_come(eol: bytes) -> None:
+    scrubber = StreamScrubber(Scrubber([KEY]))
+    first = b"event: delta" + eol + b"data: {}" + eol + eol
+    assert scrubber.feed(first + b"data: {") == first  # a complete event on, the rest held
+    assert scrubber.feed(b'"x": 1}' + eol) == b""  # its line ended, the event not yet
+    assert scrubber.feed(eol) == b'data: {"x": 1}' + eol + eol
+
+
+def test_an_event_the_upstream_never_finished_can_be_dropped() -> None:
+    scrubber = StreamScrubber(Scrubber([KEY]))
+    assert scrubber.feed(b'data: {"a": 1}\n\ndata: {"choi') == b'data: {"a": 1}\n\n'
+    scrubber.drop_partial()
+    ending = b'data: {"error": {"code": "stream_interrupted"}}\n\ndata: [DONE]\n\n'
+    assert scrubber.feed(ending) == ending
+    assert scrubber.flush() == b""

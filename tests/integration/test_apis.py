@@ -464,3 +464,35 @@ def test_bad_input_on_the_new_routes_gets_a_clear_4xx_and_reaches_no_upstream(
         assert cancel.status_code == 404
     # Only the model lists were asked (for the bare name "nope/x"), with the provider's own auth.
     assert {r.path for r in up.fake.requests} <= {"/v1/models"}
+
+
+QUIET_MID_EVENT = Reply("drip", drip_bytes=50, delay_ms=2000)
+"""An upstream that sends 50 bytes of its first event, then nothing past the idle timeout."""
+
+
+def test_a_stream_that_breaks_off_mid_event_reaches_the_openai_sdk_as_an_api_error(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """The proxy's closing event used to be glued to the half event the upstream left, which the
+    SDK could not parse (a JSONDecodeError); it now gets the event whole, as its own APIError."""
+    up = upstreams("up")
+    proxy = launch("[server]\nidle_timeout_ms = 300\n\n" + provider("loc", "local", up.url, "loc-1"))
+    up.fake.default(QUIET_MID_EVENT)
+    stream = openai_client(proxy).chat.completions.create(model="loc/m1", messages=USER, stream=True)  # type: ignore[arg-type]
+    with pytest.raises(openai.APIError, match="the upstream stream broke off"):
+        list(stream)
+
+
+def test_a_messages_stream_that_breaks_off_mid_event_reaches_the_anthropic_sdk_as_its_error(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams("claude-up")
+    proxy = launch("[server]\nidle_timeout_ms = 300\n\n" + claude("claude", up.url, "key-a"))
+    # Its first content delta whole (the stream is the client's from there), then half an event.
+    up.fake.default(Reply("drip", drip_bytes=560, delay_ms=2000))
+    client = anthropic_client(proxy)
+    with (
+        pytest.raises(anthropic.APIStatusError, match="the upstream stream broke off"),
+        client.messages.stream(model="claude/x", max_tokens=8, messages=USER) as stream,  # type: ignore[arg-type]
+    ):
+        list(stream)

@@ -23,6 +23,7 @@ from tests.integration.test_proxy import (
     error_of,
     in_thread,
     provider,
+    sse_events,
     wait_until,
 )
 
@@ -185,6 +186,30 @@ def test_streams_with_and_without_usage(
     rec = ended(proxy, broken.headers["x-request-id"])
     assert (rec["state"], rec["code"], rec["status"]) == ("failed", "stream_interrupted", 200)
     assert [t["outcome"] for t in rec["attempts"]] == ["returned"]  # it had reached the client
+    proxy.settled()
+
+
+def test_a_broken_streams_record_says_the_code_its_client_was_told(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """An upstream that goes quiet past idle_timeout_ms counts as a stall, but the client is told
+    `stream_interrupted` (`stream_stalled` is the throughput watchdog's): the record says the same."""
+    up = upstreams("up")
+    watchdog = {"enabled": True, "warmupMs": 0, "windowMs": 1000, "minUsefulBytesPerSecond": 4}
+    proxy = launch("[server]\nidle_timeout_ms = 300\n\n" + provider("loc", "local", up.url, "loc-1"))
+    for reply, settings, code in (
+        (Reply("drip", drip_bytes=40, delay_ms=2000), None, "stream_interrupted"),  # quiet for 2 s
+        (Reply("stream_pings", delay_ms=100), {"streamRecovery": {"throughputWatchdog": watchdog}}, "stream_stalled"),
+    ):  # fmt: skip
+        if settings is not None:
+            assert proxy.http.patch("/api/resilience", json=settings).status_code == 200
+        up.fake.default(reply)
+        response, raw = stream_body(proxy, "loc/m1")
+        told = [e for e in sse_events(raw.decode()) if isinstance(e, dict) and "error" in e]
+        assert [e["error"]["code"] for e in told] == [code]
+        rec = ended(proxy, response.headers["x-request-id"])
+        assert (rec["state"], rec["code"]) == ("failed", code)
+        proxy.rt.engine.reset_connection("loc-1")
     proxy.settled()
 
 
