@@ -104,6 +104,14 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
+async def _no_fields(request: Request) -> None:
+    """An action that takes no fields refuses any, as the others refuse unknown ones: a script
+    that sent one meant something this route does not do."""
+    errors = _unknown_keys(await _json_body(request), ())
+    if errors:
+        raise _invalid(errors)
+
+
 def _json_kind(value: object) -> str:
     if value is None:
         return "null"
@@ -117,8 +125,8 @@ def _json_kind(value: object) -> str:
 
 
 def _unknown_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> list[FieldError]:
-    expected = ", ".join(allowed)
-    return [FieldError(key, f"unknown key (expected {expected})") for key in body if key not in allowed]
+    expected = f"expected {', '.join(allowed)}" if allowed else "this action takes none"
+    return [FieldError(key, f"unknown key ({expected})") for key in body if key not in allowed]
 
 
 def _text(body: dict[str, Any], key: str, errors: list[FieldError], *, required: bool) -> str | None:
@@ -168,6 +176,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
         return json_response(runtime.read.health_api())
 
     async def reset_all_breakers(request: Request) -> Response:
+        await _no_fields(request)
         return json_response({"success": True, "resetCount": engine.reset_breakers(source=SOURCE)})
 
     async def reset_breakers(request: Request) -> Response:
@@ -191,6 +200,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
     async def reset_connection(request: Request) -> Response:
         connection_id: str = request.path_params["id"]
         connection_or_404(connection_id)
+        await _no_fields(request)
         engine.reset_connection(connection_id, source=SOURCE)
         return json_response({"ok": True, "connection": connection_view(connection_id)})
 

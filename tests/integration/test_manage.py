@@ -854,6 +854,20 @@ def test_events_rejects_a_bad_after(proxy: Instance, after: str) -> None:
 # Routing and auth
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("DELETE", "/api/monitoring/health"), ("POST", "/api/resilience/connections/alpha-1/reset")],
+)
+def test_an_action_that_takes_no_fields_refuses_any_and_does_nothing(
+    proxy: Instance, method: str, path: str
+) -> None:
+    open_breaker(proxy, "alpha")
+    error = rejected(proxy.send(method, path, {"provider": "beta"}), 400)
+    assert error["code"] == "invalid_request" and error["fields"][0]["field"] == "provider"
+    assert breaker_states(proxy)["alpha"] == "OPEN"
+    assert [e for e in proxy.get("/api/events").json()["events"] if e["layer"] == "operator"] == []
+
+
 def test_unknown_route_and_wrong_method(proxy: Instance) -> None:
     assert rejected(proxy.get("/api/nothing-here"), 404)["code"] == "not_found"
     assert rejected(proxy.send("PUT", "/api/monitoring/health"), 405)["code"] == "method_not_allowed"
