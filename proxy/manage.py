@@ -85,6 +85,9 @@ def _answers(handler: Handler) -> Handler:
 
 async def _json_body(request: Request) -> dict[str, Any]:
     """The request body as a JSON object. No body at all counts as `{}`; anything but an object is a 400."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:  # said up front: no need to wait for it
+        raise _Rejected(413, f"body larger than {MAX_BODY_BYTES} bytes")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():

@@ -9,6 +9,7 @@ set by driving the layers directly between requests, then read back through the 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -338,6 +339,19 @@ def test_reset_rejects_bad_fields(proxy: Instance, body: dict[str, object], fiel
 def test_oversized_body_is_413(proxy: Instance) -> None:
     body = b'{"provider": "' + b"a" * (1 << 20) + b'"}'
     assert rejected(proxy.send("POST", "/api/resilience/reset", body), 413)["code"] == "request_too_large"
+
+
+def test_a_body_said_to_be_oversized_is_413_before_it_comes(proxy: Instance) -> None:
+    """Content-Length says 5 MB, two bytes come: the answer does not wait for the rest."""
+    assert proxy.server is not None
+    host, port = proxy.server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(
+            b"PATCH /api/resilience HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 5000000\r\n\r\n{}"
+        )
+        head = sock.recv(4096)  # (a timeout here: the server waited for the 5 MB)
+    assert head.startswith(b"HTTP/1.1 413 ")
 
 
 # ---------------------------------------------------------------------------------------------
