@@ -77,7 +77,7 @@ class FieldSpec:
         for index, item in enumerate(value):
             if type(item) is not int or not _in_range(item, self.min, self.max):
                 return value, f"must be {self.accepted()} (item {index} is {untrusted.echo(repr(item))})"
-        return list(value), None
+        return list(dict.fromkeys(value)), None  # each once, in the order given
 
     def parse(self, text: str) -> object:
         """Read a value typed on a command line or in an environment variable; ValueError if invalid.

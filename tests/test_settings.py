@@ -387,6 +387,13 @@ def test_error_codes_empty_list_is_stored_as_the_default() -> None:
     assert settings.lockout().error_codes == (403, 404, 429, 502, 503, 504)
 
 
+def test_error_codes_given_twice_are_kept_once_in_the_order_given() -> None:
+    settings = make()
+    document = settings.patch({"modelLockout": {"errorCodes": [429, 404, 429, 404, 404]}}, "settings")
+    assert document["modelLockout"]["errorCodes"] == [429, 404]
+    assert settings.lockout().error_codes == (429, 404)
+
+
 def test_error_codes_accepts_up_to_20_items_within_100_599() -> None:
     settings = make()
     codes = [100, *range(500, 518), 599]
