@@ -60,13 +60,20 @@ class Waiting:
         return self.response
 
 
-def test_an_operator_re_enabling_a_lockout_frees_a_request_waiting_for_it(
+def waiting(
     make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
-) -> None:
+) -> tuple[FakeUpstream, Instance, Waiting]:
+    """A proxy whose upstream cools both of alpha's keys, and a request waiting out that cooldown."""
     fake, url = upstream
     instance = make_instance(alpha_url=url)
     fake.default(COOLING)
-    request = Waiting(instance)
+    return fake, instance, Waiting(instance)
+
+
+def test_an_operator_re_enabling_a_lockout_frees_a_request_waiting_for_it(
+    make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
+) -> None:
+    fake, instance, request = waiting(make_instance, upstream)
     fake.default(Reply("json"))
     assert instance.client is not None
     sent = time.monotonic()
@@ -85,10 +92,7 @@ def test_an_operator_re_enabling_a_lockout_frees_a_request_waiting_for_it(
 def test_turning_waits_off_answers_a_waiting_request_at_once(
     make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
 ) -> None:
-    fake, url = upstream
-    instance = make_instance(alpha_url=url)
-    fake.default(COOLING)
-    request = Waiting(instance)
+    _, instance, request = waiting(make_instance, upstream)
     assert instance.client is not None
     turned_off = {"comboCooldownWait": {"enabled": False}}
     assert instance.client.patch("/api/resilience", json=turned_off).status_code == 200
@@ -103,10 +107,7 @@ def test_a_nudge_that_frees_nothing_leaves_the_request_waiting_for_what_is_left(
 ) -> None:
     """A change that frees nothing (another setting): the request looks, finds both keys still
     cooling, and waits again for the same recovery, which then serves it."""
-    fake, url = upstream
-    instance = make_instance(alpha_url=url)
-    fake.default(COOLING)
-    request = Waiting(instance)
+    fake, instance, request = waiting(make_instance, upstream)
     assert instance.client is not None
     unrelated = {"providerBreaker": {"local": {"failureThreshold": 7}}}
     assert instance.client.patch("/api/resilience", json=unrelated).status_code == 200
