@@ -82,7 +82,10 @@ def test_sigterm_after_the_hang_up_ends_it(console: Console) -> None:
     with console.start() as term:
         term.hang_up()
         term.signal(signal.SIGTERM)
-        assert exit_code(term.proc, STOP_S) in (0, 128 + signal.SIGTERM)
+        # Whichever of the kernel's SIGHUP and this SIGTERM is handled second exits at once with
+        # its own code (the order is the kernel's and the interpreter's, not the test's; CI saw
+        # 129 once); the first, or the hang-up itself, may already have stopped it cleanly (0).
+        assert exit_code(term.proc, STOP_S) in (0, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
         assert port_is_free(console.port)
         assert integrity(console.state) == "ok"
 
