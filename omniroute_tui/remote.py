@@ -630,17 +630,32 @@ class Remote:
                                 if data is None:
                                     continue
                                 instance = (message.id or "").rpartition("-")[0]
-                                self.mirror.apply(message.event, data, instance=instance)
+                                self._apply(message.event, data, instance)
                                 if message.event == "snapshot":
                                     self._link(True)
                                     delay = BACKOFF_START_S
                                 self.on_change(message.event)
                 except (httpx.HTTPError, RemoteError) as exc:
                     log.info("the stream from %s broke: %s", self.url, exc)
+                except Unreadable as exc:
+                    log.warning("%s: %s; attaching again", self.url, exc)
+                    self.last_event_id = None  # a fresh snapshot: the mirror may hold half of this one
                 self._link(False)
                 self.reconnects += 1
                 await asyncio.sleep(delay)
                 delay = min(BACKOFF_MAX_S, delay * 2)
+
+    def _apply(self, event: str, data: dict[str, Any], instance: str) -> None:
+        """One stream message into the mirror. A message it cannot read (a field of another type
+        than the instance's API has: another version, a broken or hostile server) is `Unreadable`,
+        which drops this connection: the console attaches again, and says `reconnecting…` meanwhile,
+        rather than stop following for good while its status line says it is attached."""
+        try:
+            self.mirror.apply(event, data, instance=instance)
+        except Exception as exc:  # whatever the data made the mirror's code raise
+            raise Unreadable(
+                f"a {event} message this console cannot read ({type(exc).__name__}: {exc})"
+            ) from None
 
     async def _poll(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -657,7 +672,15 @@ class Remote:
                         self.on_change("stats")
                 except (httpx.HTTPError, ValueError):
                     pass  # the stream says when the instance is away
+                except Exception as exc:  # an answer of another shape: skip it, ask again
+                    log.warning(
+                        "%s: statistics this console cannot read (%s: %s)", self.url, type(exc).__name__, exc
+                    )
                 await asyncio.sleep(STATS_POLL_S)
+
+
+class Unreadable(Exception):
+    """A stream message the mirror could not take (its text says which, and what was wrong)."""
 
 
 def _count(value: object) -> int:

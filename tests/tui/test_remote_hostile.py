@@ -1,0 +1,119 @@
+"""An attached console reading a server that sends what it cannot read (another version, a hostile
+or broken server, something in the middle): it drops that connection and attaches again, rather
+than stop following for good while its status line still says it is attached. A real HTTP server
+on loopback plays the instance; the console's `Remote` reads it as it reads a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from omniroute_tui.remote import Remote
+from proxy import untrusted
+from tests.fakes.server import LiveServer
+from tests.tui.snapshot_app import build_runtime
+
+
+def good_snapshot() -> dict[str, Any]:
+    return json.loads(untrusted.dumps(build_runtime().stream.snapshot_data()))  # type: ignore[no-any-return]
+
+
+class Instance:
+    """Answers each stream connection with the next of `snapshots` (then the last one again), and
+    /api/stats with the next of `stats`."""
+
+    def __init__(self, snapshots: list[dict[str, Any]], stats: list[object]) -> None:
+        self.snapshots, self.stats = snapshots, stats
+        self.streams = self.polls = 0
+
+    async def stream(self, request: Request) -> Response:
+        data = self.snapshots[min(self.streams, len(self.snapshots) - 1)]
+        self.streams += 1
+
+        async def events() -> AsyncIterator[bytes]:
+            yield f"id: inst-{self.streams}\nevent: snapshot\ndata: {json.dumps(data)}\n\n".encode()
+            while True:
+                await asyncio.sleep(0.2)
+                yield b": ping\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def stats_answer(self, request: Request) -> Response:
+        answer = self.stats[min(self.polls, len(self.stats) - 1)]
+        self.polls += 1
+        return JSONResponse(answer)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/api/stream", self.stream), Route("/api/stats", self.stats_answer)])
+
+
+@pytest.fixture
+def serving() -> Iterator[Callable[[Instance], str]]:
+    servers: list[LiveServer] = []
+
+    def serve(instance: Instance) -> str:
+        servers.append(LiveServer(instance.app()).start())
+        return servers[-1].url
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda s: s.update(health=[]), id="health-a-list"),
+        pytest.param(lambda s: s.update(connections={"a": 1}), id="connections-an-object"),
+        pytest.param(
+            lambda s: s["health"].update(providerBreakers=["x", 1, None]), id="breakers-not-objects"
+        ),
+    ],
+)
+async def test_a_snapshot_the_console_cannot_read_is_dropped_and_it_attaches_again(
+    serving: Callable[[Instance], str], spoil: Callable[[dict[str, Any]], None]
+) -> None:
+    bad = good_snapshot()
+    spoil(bad)
+    instance = Instance([bad, good_snapshot()], [{}])
+    statuses: list[str] = []
+    remote = Remote(serving(instance), None, on_status=statuses.append)
+    remote.start()
+    try:
+        await until(lambda: remote.connected and remote.mirror.ready, "the console to attach")
+        assert instance.streams == 2 and remote.reconnects >= 1
+        assert remote.mirror.breakers(remote.mirror.now())  # the good snapshot's state, whole
+    finally:
+        await remote.stop()
+
+
+async def test_a_statistics_answer_the_console_cannot_read_does_not_stop_the_polling(
+    serving: Callable[[Instance], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("omniroute_tui.remote.STATS_POLL_S", 0.05)
+    good = json.loads(json.dumps(build_runtime().read.stats("5m", 0).to_api()))
+    instance = Instance([good_snapshot()], [{"providers": [1, 2], "connections": "x"}, good])
+    remote = Remote(serving(instance), None)
+    remote.start()
+    try:
+        await until(lambda: remote.connected, "the console to attach")
+        await until(lambda: instance.polls >= 6, "the statistics polled again after the bad answer")
+    finally:
+        await remote.stop()
