@@ -51,6 +51,7 @@ from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.guard import HEADERS_KEY
+from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.events import Event
 from proxy.resilience.limiter import RequestLimiter, Ticket
@@ -500,14 +501,9 @@ class Pipeline:
         assert task is not None
         self._waiters.add(task)
         clock = self.engine.clock
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = clock.call_at(now + delay_ms, lambda: None if woken.done() else woken.set_result(None))
-        self._sleepers.add(woken)
         try:
-            await woken  # the recovery, or a `nudge`
+            await sleep_until(clock, now + delay_ms, self._sleepers)  # the recovery, or a `nudge`
         finally:
-            timer.cancel()
-            self._sleepers.discard(woken)
             self._waiters.discard(task)
             self.waiting -= 1
             waited = clock.now() - now

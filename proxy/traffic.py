@@ -96,9 +96,7 @@ class _Series:
         """The row of bucket `last`."""
         self.statuses: dict[int, int] = {}
         """Finished requests per status since the start (0: none, the client went first)."""
-        self.extremes: list[tuple[int, tuple[float, float, float, float]]] = [
-            (-1, (_NONE, 0.0, _NONE, 0.0)) for _ in _SPANS
-        ]
+        self.extremes: list[tuple[int, list[float]]] = [(-1, list(_BLANK[LAT_MIN:])) for _ in _SPANS]
         """Per window, the extremes of its closed buckets as of bucket `last` (`_closed_extremes`)."""
         self.latest = -1 - SLOTS
         """The bucket of the latest request: a window that ends past it by its span is empty,
@@ -144,32 +142,29 @@ class _Series:
         the buckets it holds (a fresh list)."""
         self.advance(bucket)
         closed, current = self.windows[w], self.current
-        row = closed[:] if self.last != bucket else [a + b for a, b in zip(closed, current, strict=True)]
-        fastest, slowest, first, latest = self._closed_extremes(w)
-        if self.last == bucket:  # (else a bucket before the last one: nothing of now to add)
-            fastest, slowest = min(fastest, current[LAT_MIN]), max(slowest, current[LAT_MAX])
-            first, latest = min(first, current[TTFT_MIN]), max(latest, current[TTFT_MAX])
-        row[LAT_MIN:] = (fastest, slowest, first, latest)
+        now_too = self.last == bucket  # (else a bucket before the last one: nothing of now to add)
+        row = [a + b for a, b in zip(closed, current, strict=True)] if now_too else closed[:]
+        row[LAT_MIN:] = self._closed_extremes(w)
+        if now_too:
+            _extend(row, current)
         return row
 
-    def _closed_extremes(self, w: int) -> tuple[float, float, float, float]:
+    def _closed_extremes(self, w: int) -> list[float]:
         """The extremes of window `w`'s closed buckets, (last - span, last - 1]: found from them
         once per bucket (a closed bucket never changes), so that a read stays O(1)."""
         last = self.last
         cached = self.extremes[w]
         if cached[0] == last:
             return cached[1]
-        fastest, slowest, first, latest = _NONE, 0.0, _NONE, 0.0
+        found = _blank()
         buckets, bucket_of = self.buckets, self.bucket_of
         for b in range(last - _SPANS[w] + 1, last):
             slot = b % SLOTS
             if bucket_of[slot] == b:
-                held = buckets[slot]
-                fastest, slowest = min(fastest, held[LAT_MIN]), max(slowest, held[LAT_MAX])
-                first, latest = min(first, held[TTFT_MIN]), max(latest, held[TTFT_MAX])
-        found = (fastest, slowest, first, latest)
-        self.extremes[w] = (last, found)
-        return found
+                _extend(found, buckets[slot])
+        extremes = found[LAT_MIN:]
+        self.extremes[w] = (last, extremes)
+        return extremes
 
     def all_time(self) -> list[float]:
         """Everything since the start, the open bucket included (no extremes: see LAT_MIN)."""

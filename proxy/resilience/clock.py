@@ -159,16 +159,21 @@ class _FakeTimer:
         self.cancelled = True
 
 
-async def sleep_until(clock: Clock, when: float) -> None:
-    """Return once `clock.now() >= when` (at once if it already is)."""
+async def sleep_until(clock: Clock, when: float, wakers: set[asyncio.Future[None]] | None = None) -> None:
+    """Return once `clock.now() >= when` (at once if it already is), or sooner: while it sleeps, its
+    wake-up is in `wakers`, where a caller may resolve it (to end every such sleep early)."""
     if clock.now() >= when:
         return
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     timer = clock.call_at(when, lambda: None if done.done() else done.set_result(None))
+    if wakers is not None:
+        wakers.add(done)
     try:
         await done
     finally:
         timer.cancel()
+        if wakers is not None:
+            wakers.discard(done)
 
 
 def timeout_at(clock: Clock, when: float) -> ClockTimeout:
