@@ -6,6 +6,8 @@ never moves by itself: a wait that is not nudged never ends, so these tests cann
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -119,3 +121,43 @@ def test_a_nudge_that_frees_nothing_leaves_the_request_waiting_for_what_is_left(
     assert request.answer().status_code == 200
     waits = request.record()["waits"]
     assert len(waits) == 2 and waits[0]["ms"] < 1000 and waits[1]["ms"] > 29_000
+
+
+def test_many_waiting_requests_some_of_their_clients_gone_are_all_freed_and_leave_nothing_behind(
+    make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Overlap: eight requests wait out the same lockouts, three of their clients leave mid-wait,
+    then one re-enable frees the rest together; no wait, wake-up or in-flight count is left over."""
+    fake, instance, first = waiting(make_instance, upstream)
+    assert instance.server is not None and instance.client is not None and instance.runtime is not None
+    others = [Waiting(instance) for _ in range(4)]
+    host, port = instance.server.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    leaving = []
+    for _ in range(3):
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        leaving.append(sock)
+
+    def states() -> list[str]:
+        assert instance.client is not None
+        return [r["state"] for r in instance.client.get("/api/requests").json()["requests"]]
+
+    first.until(lambda: states().count("waiting") == 8, "eight requests waiting")
+    for sock in leaving:
+        sock.close()
+    first.until(lambda: states().count("client_gone") == 3, "the three that left, ended")
+    fake.default(Reply("json"))
+    reenable = {"all": True}
+    assert (
+        instance.client.request("DELETE", "/api/resilience/model-cooldowns", json=reenable).status_code == 200
+    )
+    assert [w.answer().status_code for w in (first, *others)] == [200] * 5
+    pipeline, engine = instance.runtime.pipeline, instance.runtime.engine
+    first.until(lambda: engine.stats.in_flight == 0, "nothing in flight")
+    assert (pipeline.waiting, pipeline._sleepers, pipeline._waiters) == (0, set(), set())
+    assert sorted(states()) == ["client_gone"] * 3 + ["done"] * 5
