@@ -501,13 +501,19 @@ class Pipeline:
         assert task is not None
         self._waiters.add(task)
         clock = self.engine.clock
+        until = now + delay_ms
         try:
-            await sleep_until(clock, now + delay_ms, self._sleepers)  # the recovery, or a `nudge`
+            await sleep_until(clock, until, self._sleepers)  # the recovery, or a `nudge`
         finally:
             self._waiters.discard(task)
             self.waiting -= 1
-            waited = clock.now() - now
+            ended = clock.now()
+            waited = ended - now
             progress.waited_ms += waited  # (what it took: a nudged wait ends early)
+            if ended < until:
+                # Nudged: the request goes on waiting for the same recovery if nothing was freed,
+                # and an operator who saves settings five times must not use up its waits.
+                progress.waits -= 1
             if record is not None and trail is not None:
                 trail.waited(record, waited, decision)
         return True

@@ -161,3 +161,24 @@ def test_many_waiting_requests_some_of_their_clients_gone_are_all_freed_and_leav
     first.until(lambda: engine.stats.in_flight == 0, "nothing in flight")
     assert (pipeline.waiting, pipeline._sleepers, pipeline._waiters) == (0, set(), set())
     assert sorted(states()) == ["client_gone"] * 3 + ["done"] * 5
+
+
+def test_nudges_that_free_nothing_do_not_use_up_a_requests_waits(
+    make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """An operator tuning unrelated settings while a request waits (each save ends every wait) must
+    not make it give up: only a wait that runs its course counts as one of `maxAttempts`; one ended
+    early counts what it lasted against `budgetMs`, which still bounds the request."""
+    fake, instance, request = waiting(make_instance, upstream)
+    assert instance.client is not None
+    max_attempts = instance.engine.settings.combo_wait().max_attempts
+    for n in range(max_attempts + 2):
+        unrelated = {"providerBreaker": {"local": {"failureThreshold": 7 + n % 2}}}
+        assert instance.client.patch("/api/resilience", json=unrelated).status_code == 200
+        request.until(lambda n=n: len(request.record()["waits"]) == n + 1, f"wait {n + 1} over")
+        request.until(lambda: request.record()["state"] == "waiting", "waiting again")
+    assert request.response is None, "gave up after its nudges"
+    fake.default(Reply("json"))
+    instance.clock.advance(31_000)  # the cooldown it waits for is over
+    assert request.answer().status_code == 200
+    assert len(request.record()["waits"]) == max_attempts + 3
