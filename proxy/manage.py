@@ -9,6 +9,7 @@ unknown provider or connection, and nothing changes.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -148,6 +149,17 @@ def _text(body: dict[str, Any], key: str, errors: list[FieldError], *, required:
     return value
 
 
+def _query(request: Request) -> dict[str, str]:
+    """The query's parameters, each given once. A repeated one is refused (400) rather than read as
+    whichever came last: `?kinds=garbage&kinds=event` would pass where the reverse order is refused."""
+    items = request.query_params.multi_items()
+    query = dict(items)
+    if len(query) < len(items):
+        given = Counter(name for name, _ in items)
+        raise _invalid([FieldError(name, "given more than once") for name, n in given.items() if n > 1])
+    return query
+
+
 def _query_int(text: str | None, name: str, lo: int, hi: int, default: int, errors: list[FieldError]) -> int:
     """A query parameter that must be an integer in [lo, hi] (its digits checked before int())."""
     if text is None:
@@ -285,7 +297,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- events -------------------------------------------------------------------------------
 
     async def events(request: Request) -> Response:
-        after_text = request.query_params.get("after", "0")
+        after_text = _query(request).get("after", "0")
         # Checked before int(): Python refuses to convert more than 4,300 digits (ValueError), and no
         # sequence number has more than MAX_SEQ_DIGITS (a counter would take centuries to get there).
         digits = after_text.lstrip("0") or "0"
@@ -304,7 +316,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- the live stream ------------------------------------------------------------------------
 
     async def stream(request: Request) -> Response:
-        asked = request.query_params.get("kinds")
+        asked = _query(request).get("kinds")
         kinds = STREAM_KINDS
         if asked is not None:
             kinds = frozenset(k.strip() for k in asked.split(",") if k.strip())
@@ -327,7 +339,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
     # -- the traffic --------------------------------------------------------------------------
 
     async def requests(request: Request) -> Response:
-        query = request.query_params
+        query = _query(request)
         errors: list[FieldError] = []
         after = _query_int(query.get("after"), "after", 0, 10**_MAX_SEQ_DIGITS - 1, 0, errors)
         limit = _query_int(query.get("limit"), "limit", 1, MAX_REQUESTS_LIMIT, DEFAULT_REQUESTS_LIMIT, errors)
@@ -351,8 +363,9 @@ def management_routes(runtime: Runtime) -> list[Route]:
         return json_response({"request": found.to_api()})
 
     async def stats(request: Request) -> Response:
-        window = request.query_params.get("window", DEFAULT_WINDOW)
-        scope = request.query_params.get("scope", "replica")
+        query = _query(request)
+        window = query.get("window", DEFAULT_WINDOW)
+        scope = query.get("scope", "replica")
         errors: list[FieldError] = []
         if window not in WINDOWS:
             errors.append(

@@ -202,6 +202,23 @@ def test_events_after_a_number_longer_than_any_sequence_is_400(proxy: Instance) 
     assert proxy.get("/api/events", params={"after": "0" * 50 + "1"}).status_code == 200
 
 
+def test_a_query_parameter_given_twice_is_400_whichever_value_comes_first(proxy: Instance) -> None:
+    """Read as the last value, `?kinds=garbage&kinds=event` would open a stream where the reverse
+    order is refused: a repeated parameter is refused on every route that reads one."""
+    for path, name, good, bad in (
+        ("/api/stream", "kinds", "event", "garbage"),
+        ("/api/events", "after", "0", "x"),
+        ("/api/requests", "limit", "5", "x"),
+        ("/api/stats", "window", "5m", "x"),
+    ):
+        for values in ((bad, good), (good, bad), (good, good)):
+            response = proxy.get(path, params=[(name, v) for v in values])
+            assert response.status_code == 400, (path, values, response.text[:300])
+            assert response.json()["error"]["fields"] == [{"field": name, "message": "given more than once"}]
+        if path != "/api/stream":  # (one that opens goes on until the client leaves)
+            assert proxy.get(path, params={name: good}).status_code == 200
+
+
 def test_management_answers_quote_at_most_200_characters_of_the_input(proxy: Instance) -> None:
     long = "k" * 100_000
     answers = [
