@@ -77,14 +77,23 @@ def console() -> Console:
     return Console(width=width, highlight=False, soft_wrap=False)
 
 
+KEPT_WIDTH = 48
+"""The most cells a kept column takes: a longer name ends in "…". Some of these names are whatever
+a client sent (a model), and one that never wraps would otherwise take the whole width."""
+
+
 def table(*columns: str, keep: int = 1, title: str | None = None) -> Table:
-    """A borderless table; its first `keep` columns (the names people look for) never wrap."""
+    """A borderless table; its first `keep` columns (the names people look for) never wrap, and
+    stop at KEPT_WIDTH cells."""
     from rich import box
     from rich.table import Table
 
     t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left", pad_edge=False)
     for index, header in enumerate(columns):
-        t.add_column(header, no_wrap=index < keep)
+        if index < keep:
+            t.add_column(header, no_wrap=True, overflow="ellipsis", max_width=KEPT_WIDTH)
+        else:
+            t.add_column(header)
     return t
 
 

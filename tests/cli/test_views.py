@@ -192,6 +192,18 @@ def test_lockouts_table(proxy: Instance) -> None:
     assert row.split()[:7] == ["alpha", "alpha-2", "m1", "not_found", "1", "1m", "05s"]
 
 
+def test_a_clients_endless_model_name_leaves_the_other_columns_readable(proxy: Instance) -> None:
+    """A model name is whatever a client sent (a 404 locks it out): a kept column that never wraps
+    would take the whole width and squeeze the reason and the time left out of the table."""
+    proxy.lock("alpha-2", "m" * 5_000)
+    result = proxy.cli("lockouts")
+    row = next(line for line in result.stdout.splitlines() if line.startswith("alpha"))
+    assert max(len(line) for line in result.stdout.splitlines()) <= 200
+    assert "m…" in row and "m" * 100 not in row
+    assert row.split()[:2] == ["alpha", "alpha-2"]
+    assert row.split()[3:7] == ["not_found", "1", "2m", "00s"]
+
+
 def test_empty_views_print_a_note_on_stderr_and_nothing_on_stdout(proxy: Instance) -> None:
     for command, message in (
         ("cooldowns", "No connection is cooling down."),
