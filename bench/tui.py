@@ -976,8 +976,9 @@ def main(argv: list[str] | None = None) -> int:
         tick["rss_mb"],
         *(r["rss_mb"] for key, rs in runs.items() if key.startswith("console") for r in rs),
     ]
+    demo_sized = f"{max(rss[1:]):.1f} MB" if rss[1:] else "not measured (no --tabs run)"
     print(
-        f"  (c) peak RSS: console with demo-sized state {max(rss[1:], default=float('nan')):.1f} MB, "
+        f"  (c) peak RSS: console with demo-sized state {demo_sized}, "
         f"{TICK_LOCKOUTS:,}-lockout console {tick['rss_mb']:.1f} MB (bar <= {BARS['rss_mb']:.0f} MB): "
         f"{verdict(max(rss) <= BARS['rss_mb'])}"
     )
