@@ -240,7 +240,8 @@ class Api:
                 detail = message or f"{status} {response.reason_phrase}"
             raise InvalidValue(f"rejected by {url}: {detail}")
         if status >= 300:
-            detail = message or response.text.strip()[:200] or response.reason_phrase
+            # (what some other server said, an HTML page as often as not: its layout folded)
+            detail = message or " ".join(response.text.split())[:200] or response.reason_phrase
             raise Unexpected(f"{url} answered {status} to {method} {path}: {detail}")
         try:
             return response.json()

@@ -97,10 +97,12 @@ def exit_code_for(exc: BaseException) -> ExitCode:
 
 
 def message_for(exc: BaseException) -> str:
-    """One line for stderr: newlines folded, never a traceback."""
+    """One line for stderr, never a traceback. Our own errors keep their characters (they quote
+    names as given, and the edge shows a newline in one as its mark, like the tables); the layout
+    newlines of click's and other libraries' messages are folded."""
     if isinstance(exc, CliError):
-        text = str(exc)
-    elif click_error(exc):
+        return str(exc)
+    if click_error(exc):
         text = exc.format_message()  # type: ignore[attr-defined]
         ctx = getattr(exc, "ctx", None)
         if click_error(exc, "UsageError") and ctx is not None:

@@ -46,6 +46,14 @@ def test_reset_breaker_unknown_provider_exits_5(proxy: Instance) -> None:
     assert result.stdout == ""
 
 
+def test_a_name_with_a_newline_is_echoed_with_its_mark_not_a_space(proxy: Instance) -> None:
+    """`no provider 'no pe'` would name a provider that was not asked for: the line shows the
+    newline as the tables do (↵), on one line still."""
+    result = proxy.cli("reset", "breaker", "no\npe")
+    assert result.code == 5
+    assert result.stderr == f"omniroute: no provider 'no↵pe' at {proxy.url}\n"
+
+
 def test_reset_breaker_needs_exactly_one_of_provider_or_all(proxy: Instance) -> None:
     neither = proxy.cli("reset", "breaker")
     assert (neither.code, neither.stderr) == (2, "omniroute: give PROVIDER, or --all for every one\n")
