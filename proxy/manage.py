@@ -134,11 +134,16 @@ def _unknown_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> list[FieldE
 
 
 def _text(body: dict[str, Any], key: str, errors: list[FieldError], *, required: bool) -> str | None:
-    """A non-empty string field; None when absent or null (an error too when `required`)."""
-    value = body.get(key)
-    if value is None:
+    """A non-empty string field; None when absent (an error too when `required`). A null is an
+    error: it is a script's unset variable far more often than a wish, and read as absent it would
+    widen an action to everything (`{"provider": null}` resetting every breaker)."""
+    if key not in body:
         if required:
             errors.append(FieldError(key, "required: a non-empty string"))
+        return None
+    value = body[key]
+    if value is None:
+        errors.append(FieldError(key, "must be a non-empty string; leave it out rather than send null"))
         return None
     if not isinstance(value, str) or not value:
         errors.append(FieldError(key, "must be a non-empty string"))

@@ -288,6 +288,8 @@ def test_reset_unknown_provider_is_404(proxy: Instance) -> None:
     assert breaker_states(proxy) == {"alpha": "OPEN", "beta": "CLOSED"}
 
 
+NULL_MESSAGE = "must be a non-empty string; leave it out rather than send null"
+
 MALFORMED = {
     "truncated": b'{"provider": "alpha"',
     "form-encoded": b"provider=alpha",
@@ -327,6 +329,8 @@ def test_reset_rejects_a_body_that_is_not_an_object(proxy: Instance, body: bytes
         ({"provider": 3}, [{"field": "provider", "message": "must be a non-empty string"}]),
         ({"provider": ""}, [{"field": "provider", "message": "must be a non-empty string"}]),
         ({"provider": ["alpha"]}, [{"field": "provider", "message": "must be a non-empty string"}]),
+        # A script's unset variable: read as absent, it would reset every breaker.
+        ({"provider": None}, [{"field": "provider", "message": NULL_MESSAGE}]),
         ({"providers": "alpha"}, [{"field": "providers", "message": "unknown key (expected provider)"}]),
     ],
 )
@@ -549,7 +553,7 @@ def test_reenable_a_model_across_connections(proxy: Instance) -> None:
     lock(proxy, "alpha-2", "m1")
     lock(proxy, "alpha-1", "m2")
 
-    body = {"provider": "alpha", "model": "m1", "connectionId": None}
+    body = {"provider": "alpha", "model": "m1"}  # no connectionId: every connection of the provider
     assert reenable(proxy, body) == {"ok": True, "removed": 2}
     assert [(i["connectionId"], i["model"]) for i in lockout_items(proxy)] == [("alpha-1", "m2")]
 
@@ -607,6 +611,8 @@ def test_reenable_a_model_that_is_not_locked_removes_nothing(proxy: Instance) ->
             [{"field": "all", "message": "must be true (or send {provider, model[, connectionId]})"}],
         ),
         ({"all": True, "provider": "alpha"}, [{"field": "provider", "message": 'cannot be combined with "all"'}]),
+        # A script's unset variable: read as absent, it would lift the model's lockout on every connection.
+        ({"provider": "alpha", "model": "m1", "connectionId": None}, [{"field": "connectionId", "message": NULL_MESSAGE}]),
         (b"[1]", [{"field": "", "message": "the body must be a JSON object, not an array"}]),
         (b"{'all': true}", None),
     ],
