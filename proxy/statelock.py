@@ -37,8 +37,12 @@ _RETRY_S = 0.02
 
 
 def lock_path(state_path: Path) -> Path:
-    """`state.db` → `state.db.lock`, in the same directory."""
-    return state_path.with_name(state_path.name + ".lock")
+    """`state.db` → `state.db.lock`, in the same directory: the file's own, with symbolic links
+    followed (of the file or of a directory on the way), so that every name of one state file
+    that a link makes leads to one lock. (A hard link is another name for the same inode in a
+    directory entry of its own: its lock file is its own, which this does not catch.)"""
+    real = state_path.resolve()
+    return real.with_name(real.name + ".lock")
 
 
 @dataclass(frozen=True, slots=True)

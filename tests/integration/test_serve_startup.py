@@ -160,6 +160,29 @@ def test_a_second_instance_on_the_same_state_file_is_refused(tmp_path: Path) -> 
             probe.bind(("127.0.0.1", second_port))
 
 
+def test_a_symlink_to_a_held_state_file_is_the_same_state_file(tmp_path: Path) -> None:
+    """A link to the file (or to its directory) named another lock file beside it: the second
+    instance started and wrote its own settings into the first one's database."""
+    state = tmp_path / "state.db"
+    (tmp_path / "elsewhere").mkdir()
+    linked = tmp_path / "elsewhere" / "linked.db"
+    linked.symlink_to(state)
+    (tmp_path / "dir-link").symlink_to(tmp_path, target_is_directory=True)
+    with serving(tmp_path, state) as first:
+        for other in (linked, tmp_path / "dir-link" / "state.db"):
+            result = run(
+                ["--config", str(first.config), "--state", str(other), "--port", str(free_port())],
+                tmp_path,
+                timeout=30,
+            )
+            assert result.returncode == 2, result.stderr
+            assert f"is in use by omniroute (pid {first.proc.pid}" in result.stderr
+        # and `status` finds the instance through the link (the config names a port nothing serves)
+        command = [*OMNIROUTE, "status", "--json", "--config", str(first.config), "--state", str(linked)]
+        status = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environment())
+        assert status.returncode == 0, status.stderr
+
+
 def test_a_lock_never_outlives_its_process(tmp_path: Path) -> None:
     """kill -9 leaves no stale lock: the kernel drops it with the process."""
     state = tmp_path / "state.db"
