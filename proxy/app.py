@@ -15,6 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import passthrough, untrusted
+from proxy.apis import anthropic_error_body
 from proxy.guard import STARTED_KEY, Guard, stamping
 from proxy.manage import management_routes
 from proxy.pipeline import WHOLE_ANSWERS
@@ -150,13 +151,20 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
+        path = request.url.path
         if status == 405:
-            return error_response(
+            answer = error_response(
                 405,
-                f"{untrusted.echo(request.method)} is not allowed on {untrusted.echo(request.url.path)}",
+                f"{untrusted.echo(request.method)} is not allowed on {untrusted.echo(path)}",
                 "method_not_allowed",
             )
-        return error_response(404, f"no route {untrusted.echo(request.url.path)}", "not_found")
+        else:
+            answer = error_response(404, f"no route {untrusted.echo(path)}", "not_found")
+        if path == "/v1/messages" or path.startswith(
+            "/v1/messages/"
+        ):  # Anthropic's clients read their own shape
+            return answer.reshaped(anthropic_error_body(answer.status_code, answer.message))
+        return answer
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         # Starlette answers an unhandled exception itself (plain text) before the Guard sees it; this
@@ -192,4 +200,8 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
             Exception: internal_error,
         },
     )
+    # A path with a trailing slash is a route that does not exist, answered in JSON: Starlette
+    # would send an empty 307 to a URL built from the Host header, which no client follows with
+    # its POST body.
+    app.router.redirect_slashes = False
     return Guard(ApiRoutes(api, app), runtime.config.server)

@@ -891,6 +891,30 @@ def test_unknown_route_and_wrong_method_are_json(untouched: tuple[Proxy, Upstrea
     assert error_of(proxy.http.delete("/v1/models"), 405)["code"] == "method_not_allowed"
 
 
+def test_a_trailing_slash_is_a_json_404_not_an_empty_redirect(untouched: tuple[Proxy, Upstream]) -> None:
+    """Starlette answered `/v1/chat/completions/` with an empty 307 to a URL built from the request's
+    Host header: no client follows a redirected POST with its body, and errors are JSON."""
+    proxy, upstream = untouched
+    for method, path in (("POST", CHAT_PATH + "/"), ("GET", "/api/requests/"), ("GET", "/v1/models/")):
+        answer = proxy.http.request(method, path, json={} if method == "POST" else None)
+        assert error_of(answer, 404)["code"] == "not_found", (method, path)
+        assert "location" not in answer.headers
+    assert upstream.fake.requests == []
+
+
+def test_the_messages_routes_answer_a_wrong_method_in_anthropics_shape(
+    untouched: tuple[Proxy, Upstream],
+) -> None:
+    """Anthropic's clients read `{"type": "error", "error": {...}}` on its routes, 405 included."""
+    proxy, _ = untouched
+    for method, path in (("GET", "/v1/messages"), ("PUT", "/v1/messages/count_tokens")):
+        answer = proxy.http.request(method, path)
+        assert answer.status_code == 405, answer.text
+        body = answer.json()
+        assert body["type"] == "error" and body["error"]["type"] == "api_error", body
+        assert f"{method} is not allowed on {path}" in body["error"]["message"]
+
+
 def test_client_credentials_and_session_headers_never_reach_the_upstream(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
