@@ -212,6 +212,7 @@ class FleetState:
                 '(start Redis there, or set [state] backend = "sqlite")'
             ) from None
         self._check_fleet()
+        self._check_replica_id()
         last = self._sync.xrevrange(self.feed_key, count=1)
         # The feed is read from here on: whatever happens after this read reaches the memory tier.
         self._feed_from = last[0][0] if last else "0-0"
@@ -258,6 +259,34 @@ class FleetState:
             return
         # No live replica: this config becomes the fleet's (a fleet restarted on a new config).
         self._sync.set(name, json.dumps({"fingerprint": mine, "items": self._items}))
+
+    def _check_replica_id(self) -> None:
+        """Refuse to start under the id of a live replica. Two replicas under one id each take the
+        other's changes on the feed for their own and skip them: their settings part ways, and a
+        settings change then waits forever on a version it never sees. A replica that died without
+        stopping leaves its key for up to REPLICA_TTL_MS, unchanged; a live one rewrites it every
+        heartbeat: so a key that changes while this waits two heartbeats is a live replica's."""
+        name = self.key("replica", self.replica_id)
+        seen = self._sync.get(name)
+        if seen is None:
+            return
+        deadline = time.monotonic() + 2.5 * HEARTBEAT_S
+        while time.monotonic() < deadline:
+            time.sleep(HEARTBEAT_S / 10)
+            now = self._sync.get(name)
+            if now is None:
+                return  # it expired: whoever wrote it is gone
+            if now != seen:
+                try:
+                    address = json.loads(now).get("address")
+                except (ValueError, AttributeError):
+                    address = None
+                where = f" ({address})" if isinstance(address, str) else ""
+                raise FleetUnavailable(
+                    f"replica id {self.replica_id!r} is already live in this fleet{where}; give each"
+                    " replica its own OMNIROUTE_REPLICA_ID, or leave it unset (the default is"
+                    " host-port-pid)"
+                )
 
     def _shown_url(self) -> str:
         # Never the password a URL may carry.

@@ -292,6 +292,42 @@ def test_a_replica_whose_config_differs_from_its_fleets_refuses_to_start_naming_
     assert "Traceback" not in result.stderr
 
 
+def test_a_replica_with_the_id_of_a_live_one_refuses_to_start_and_a_restart_after_a_crash_starts(
+    make_fleet: Callable[..., Fleet], tmp_path: Path, prefix: str, upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Two replicas under one id each skipped the other's changes as their own: settings stopped
+    syncing, then a settings change on one waited forever. The second refuses to start; the same
+    id after a `kill -9` (its key outlives it for seconds, unrefreshed) starts."""
+    import subprocess
+
+    first = make_fleet(1).replicas[0]
+    config = fleet_config(tmp_path, free_port(), upstream[1], prefix=prefix)
+    result = subprocess.run(
+        [*OMNIROUTE, "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=first.env,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"replica id 'replica-{first.name}' is already live" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert first.health()["status"]  # the first one serves on
+    first.kill()
+    port = free_port()
+    again = Replica(
+        "again",
+        port,
+        fleet_config(tmp_path, port, upstream[1], prefix=prefix),
+        tmp_path / "again.log",
+        first.env,
+    )
+    try:
+        again.start()
+    finally:
+        again.stop()
+
+
 def test_the_environment_chooses_the_backend_over_the_file(
     tmp_path: Path, prefix: str, upstream: tuple[FakeUpstream, str]
 ) -> None:
