@@ -160,9 +160,8 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
             )
         else:
             answer = error_response(404, f"no route {untrusted.echo(path)}", "not_found")
-        if path == "/v1/messages" or path.startswith(
-            "/v1/messages/"
-        ):  # Anthropic's clients read their own shape
+        # Anthropic's clients read their own shape, on every path of theirs
+        if path == "/v1/messages" or path.startswith("/v1/messages/"):
             return answer.reshaped(anthropic_error_body(answer.status_code, answer.message))
         return answer
 

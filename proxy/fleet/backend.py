@@ -77,6 +77,9 @@ TOMBSTONE_TTL_MS = 600_000
 learns it was removed, instead of writing its old copy back."""
 REPLICA_TTL_MS = 5_000
 HEARTBEAT_S = 1.0
+ID_WATCH_S = 2.5 * HEARTBEAT_S
+"""How long a starting replica that finds its own id's key watches it: a live replica rewrites it
+within a heartbeat, a crashed one never does (`_check_replica_id`)."""
 STATS_STALE_MS = 3_000
 """A replica's published statistics older than this are not summed (`/api/stats?scope=fleet`): its
 heartbeat, which refreshes them every second, has been failing."""
@@ -270,7 +273,7 @@ class FleetState:
         seen = self._sync.get(name)
         if seen is None:
             return
-        deadline = time.monotonic() + 2.5 * HEARTBEAT_S
+        deadline = time.monotonic() + ID_WATCH_S
         while time.monotonic() < deadline:
             time.sleep(HEARTBEAT_S / 10)
             now = self._sync.get(name)
