@@ -296,8 +296,13 @@ class FleetState:
         from urllib.parse import urlsplit
 
         parts = urlsplit(self.url)
-        host = parts.hostname or parts.path
-        return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}"
+        if parts.hostname is None:  # a unix socket's path
+            return f"{parts.scheme}://{parts.path}"
+        port = f":{parts.port}" if parts.port else ""
+        database = (
+            parts.path if parts.path not in ("", "/") else ""
+        )  # `/5`: replicas on another one are another fleet
+        return f"{parts.scheme}://{parts.hostname}{port}{database}"
 
     def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:
         pass  # transitions travel as operations (see the module docstring), not as snapshots

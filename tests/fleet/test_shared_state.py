@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.fakes.upstream import FakeUpstream, Reply
-from tests.fleet.conftest import PROPAGATION_S, TOKEN, Fleet, Replica, fleet_config, holds, wait_for
+from tests.fleet.conftest import PROPAGATION_S, REDIS_URL, TOKEN, Fleet, Replica, fleet_config, holds, wait_for
 from tests.instances import OMNIROUTE, environment
 from tests.processes import free_port
 
@@ -289,6 +289,7 @@ def test_a_replica_whose_config_differs_from_its_fleets_refuses_to_start_naming_
     )
     assert result.returncode == 2, result.stderr
     assert "combo fast only in this replica" in result.stderr
+    assert f"the replicas sharing {REDIS_URL} with key_prefix" in result.stderr  # the database too
     assert "Traceback" not in result.stderr
 
 
