@@ -19,7 +19,16 @@ import httpx
 import pytest
 
 from tests.fakes.upstream import FakeUpstream, Reply
-from tests.fleet.conftest import PROPAGATION_S, REDIS_URL, TOKEN, Fleet, Replica, fleet_config, holds, wait_for
+from tests.fleet.conftest import (
+    PROPAGATION_S,
+    REDIS_URL,
+    TOKEN,
+    Fleet,
+    Replica,
+    fleet_config,
+    holds,
+    wait_for,
+)
 from tests.instances import OMNIROUTE, environment
 from tests.processes import free_port
 
