@@ -492,7 +492,6 @@ class Pipeline:
         delay_ms = max(0.0, wake - now) + WAIT_SLACK_MS
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
             return False
-        progress.waits += 1
         self.waiting += 1
         record, trail = progress.record, self.trail
         if record is not None and trail is not None:
@@ -510,10 +509,10 @@ class Pipeline:
             ended = clock.now()
             waited = ended - now
             progress.waited_ms += waited  # (what it took: a nudged wait ends early)
-            if ended < until:
-                # Nudged: the request goes on waiting for the same recovery if nothing was freed,
-                # and an operator who saves settings five times must not use up its waits.
-                progress.waits -= 1
+            if ended >= until:
+                # Only a wait that ran its course counts: a nudged one goes on waiting for the same
+                # recovery if nothing was freed, and five saves of a setting must not use up its waits.
+                progress.waits += 1
             if record is not None and trail is not None:
                 trail.waited(record, waited, decision)
         return True

@@ -299,9 +299,8 @@ class FleetState:
         if parts.hostname is None:  # a unix socket's path
             return f"{parts.scheme}://{parts.path}"
         port = f":{parts.port}" if parts.port else ""
-        database = (
-            parts.path if parts.path not in ("", "/") else ""
-        )  # `/5`: replicas on another one are another fleet
+        # The database (`/5`) too: replicas on another one of the same Redis are another fleet.
+        database = parts.path if parts.path not in ("", "/") else ""
         return f"{parts.scheme}://{parts.hostname}{port}{database}"
 
     def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:

@@ -182,3 +182,26 @@ def test_nudges_that_free_nothing_do_not_use_up_a_requests_waits(
     instance.clock.advance(31_000)  # the cooldown it waits for is over
     assert request.answer().status_code == 200
     assert len(request.record()["waits"]) == max_attempts + 3
+
+
+def test_waits_that_run_their_course_still_end_at_max_attempts(
+    make_instance: Callable[..., Instance], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """Keys that cool again each time they recover: after `maxAttempts` full waits the request is
+    answered, not sent into another wait."""
+    fake, url = upstream
+    instance = make_instance(alpha_url=url)
+    assert instance.client is not None
+    assert (
+        instance.client.patch("/api/resilience", json={"comboCooldownWait": {"maxAttempts": 2}}).status_code
+        == 200
+    )
+    fake.default(COOLING)
+    request = Waiting(instance)
+    for n in (1, 2):
+        instance.clock.advance(31_000)  # the cooldown is over; the keys answer 429 and cool again
+        request.until(lambda n=n: len(request.record()["waits"]) == n, f"wait {n} over")
+        if n == 1:
+            request.until(lambda: request.record()["state"] == "waiting", "waiting again")
+    assert request.answer().status_code == 429
+    assert len(request.record()["waits"]) == 2
