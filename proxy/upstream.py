@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from proxy.resilience.outcome import Outcome
+
+T = TypeVar("T")
 
 _PLAIN_HEADERS_CACHED = 64
 _URLS_CACHED = 256
@@ -48,6 +51,10 @@ class Timeouts:
     idle_ms: float = 120_000
 
 
+IDLE = Outcome.stall("upstream idle timeout")
+"""A body that went quiet past `Timeouts.idle_ms`."""
+
+
 class UpstreamFailure(Exception):
     """The attempt failed before (or while) the upstream answered; `outcome` says how."""
 
@@ -57,14 +64,26 @@ class UpstreamFailure(Exception):
 
 
 class UpstreamResponse:
-    """An upstream response whose headers have arrived; the body is read on demand."""
+    """An upstream response whose headers have arrived; the body is read on demand.
 
-    __slots__ = ("_body_timeout_ms", "_headers", "_response", "status")
+    Every wait for more of the body ends after `idle_s` without a byte (the idle timeout, an
+    `upstream idle timeout` stall), behind the client's one loop timer (`_Deadlines`): aiohttp's own
+    `sock_read` would start and stop a loop timer per request and per read."""
 
-    def __init__(self, response: aiohttp.ClientResponse, body_timeout_ms: float) -> None:
+    __slots__ = ("_body_timeout_ms", "_deadlines", "_headers", "_idle_s", "_response", "status")
+
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        body_timeout_ms: float,
+        deadlines: _Deadlines,
+        idle_s: float,
+    ) -> None:
         """`body_timeout_ms`: how long `read()` may take for the whole body, from the headers on."""
         self._response = response
         self._body_timeout_ms = body_timeout_ms
+        self._deadlines = deadlines
+        self._idle_s = idle_s
         self.status = response.status
         self._headers: Mapping[str, str] | None = None
 
@@ -108,24 +127,30 @@ class UpstreamResponse:
             return arrived
         limit = MAX_UPSTREAM_BODY_BYTES
         response = self._response
-        deadline = asyncio.timeout(self._body_timeout_ms / 1000)
+        content = response.content
+        deadlines = self._deadlines
+        task = _current_task(deadlines.loop)
+        done_by = deadlines.loop.time() + self._body_timeout_ms / 1000
         try:
             if response.content_length is not None and response.content_length > limit:
                 raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
             chunks: list[bytes] = []
             size = 0
-            async with deadline:
-                async for chunk in response.content.iter_any():
-                    size += len(chunk)
-                    if size > limit:
-                        raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
-                    chunks.append(chunk)
-        except TimeoutError as exc:
+            while True:
+                at = min(deadlines.loop.time() + self._idle_s, done_by)
+                chunk = await deadlines.within(content.readany(), task, at)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
+                chunks.append(chunk)
+        except _DeadlinePassed as exc:
             response.close()
-            if deadline.expired():  # ours; the idle timeout (sock_read) is a TimeoutError too
+            if deadlines.loop.time() >= done_by:
                 message = f"upstream body not complete within {self._body_timeout_ms:g} ms of its headers"
                 raise UpstreamFailure(Outcome.stall(message)) from exc
-            raise UpstreamFailure(_network_outcome(exc)) from exc
+            raise UpstreamFailure(IDLE) from exc
         except (aiohttp.ClientError, OSError) as exc:
             response.close()
             raise UpstreamFailure(_network_outcome(exc)) from exc
@@ -139,19 +164,22 @@ class UpstreamResponse:
         """The error body and whether that is all of it: at most MAX_ERROR_BODY bytes are read (the
         rest is not waited for). A body that breaks off is what arrived, and not whole."""
         content = self._response.content
+        deadlines = self._deadlines
+        task = _current_task(deadlines.loop)
         chunks: list[bytes] = []
         size = 0
         whole = False
         try:
             while size <= MAX_ERROR_BODY:
                 # read(n) returns what is there (at most n), not n: loop until the end or the limit.
-                chunk = await content.read(MAX_ERROR_BODY + 1 - size)
+                at = deadlines.loop.time() + self._idle_s
+                chunk = await deadlines.within(content.read(MAX_ERROR_BODY + 1 - size), task, at)
                 if not chunk:
                     whole = True
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (_DeadlinePassed, aiohttp.ClientError, OSError):
             pass
         finally:
             self._response.close()
@@ -166,17 +194,23 @@ class UpstreamResponse:
         it is read, so a burst costs a read and a write per window instead of one per event."""
         response = self._response
         content = response.content
-        loop = asyncio.get_running_loop()
+        deadlines = self._deadlines
+        loop = deadlines.loop
+        idle = self._idle_s
         previous = -BURST_GAP_S
         try:
-            while chunk := await content.readany():
+            # The task is looked up for each read: a relay reads its first chunk in the request's
+            # task and the rest in the one its response streams from.
+            while chunk := await deadlines.within(content.readany(), _current_task(loop), loop.time() + idle):
                 yield chunk
                 now = loop.time()
                 if now - previous < BURST_GAP_S and not content.is_eof():
                     await _gather(response.connection)
                     now = loop.time()
                 previous = now
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except _DeadlinePassed as exc:
+            raise UpstreamFailure(IDLE) from exc
+        except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
 
     @property
@@ -223,9 +257,8 @@ class UpstreamClient:
             t = self.timeouts
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=t.connect_ms / 1000, sock_read=t.idle_ms / 1000
-                ),
+                # The idle timeout is UpstreamResponse's (behind one loop timer), not `sock_read`.
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_ms / 1000, sock_read=None),
                 auto_decompress=True,
                 skip_auto_headers=("User-Agent",),
             )
@@ -299,7 +332,7 @@ class UpstreamClient:
             if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
             raise
-        except TimeoutError as exc:  # aiohttp's own (sock_connect, sock_read): the same words as ours
+        except TimeoutError as exc:  # aiohttp's own (sock_connect): the same words as ours
             raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
@@ -307,7 +340,7 @@ class UpstreamClient:
             if deadlines.pending.pop(task, None) is None:  # (`_Deadlines.discard`, inline)
                 deadlines.passed_tasks.discard(task)
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
-        return UpstreamResponse(response, limit * 1000)
+        return UpstreamResponse(response, limit * 1000, deadlines, self.timeouts.idle_ms / 1000)
 
 
 class _Deadlines:
@@ -317,8 +350,9 @@ class _Deadlines:
     earliest. When the timer fires, every task whose deadline has passed is cancelled and moves to
     `passed_tasks`, and the timer is set again for the earliest one left. A task done with its
     deadline leaves `pending` (or `passed_tasks`): with every request given the same limit, the
-    timer fires about once a limit, not once a request. (`UpstreamClient.send` reads and writes
-    the tables itself: it is the one user, once per request.)
+    timer fires about once a limit, not once a request. The first-byte deadline of a request
+    (`UpstreamClient.send` reads and writes the tables itself, once per request) and the idle
+    timeout of each wait for its body (`within`) share it.
     """
 
     __slots__ = ("at", "loop", "passed_tasks", "pending", "timer")
@@ -330,6 +364,23 @@ class _Deadlines:
         self.timer: asyncio.TimerHandle | None = None
         self.at = 0.0
         """When the timer fires (loop time)."""
+
+    async def within(self, awaitable: Awaitable[T], task: asyncio.Task[Any], at: float) -> T:
+        """`awaitable`'s result, awaited by `task` (the current task); `_DeadlinePassed` if loop
+        time `at` passes first. (The rules of `UpstreamClient.send`'s inline use.)"""
+        cancelling = task.cancelling()
+        self.pending[task] = at
+        if self.timer is None or at < self.at:
+            self.arm(at)
+        try:
+            return await awaitable
+        except asyncio.CancelledError as exc:
+            if task in self.passed_tasks and task.uncancel() <= cancelling:
+                raise _DeadlinePassed from exc
+            raise
+        finally:
+            if self.pending.pop(task, None) is None:
+                self.passed_tasks.discard(task)
 
     def arm(self, when: float) -> None:
         if self.timer is not None:
@@ -349,9 +400,19 @@ class _Deadlines:
             self.arm(min(self.pending.values()))
 
 
+class _DeadlinePassed(Exception):
+    """A wait outlived its deadline (`_Deadlines.within`)."""
+
+
+def _current_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:
+    task = asyncio.current_task(loop)
+    assert task is not None  # an upstream is read from a task
+    return task
+
+
 def _network_outcome(exc: BaseException) -> Outcome:
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return Outcome.stall("upstream idle timeout")
+        return IDLE
     if isinstance(exc, aiohttp.ClientConnectorError):
         # In words: "connection refused", not aiohttp's "Connect call failed ('127.0.0.1', 11434)".
         os_error = exc.os_error

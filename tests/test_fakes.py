@@ -405,6 +405,14 @@ def test_drip_of_a_json_answer(fake: FakeUpstream, client: httpx.Client) -> None
     )
 
 
+def test_drip_of_an_error_answer(fake: FakeUpstream, client: httpx.Client) -> None:
+    fake.script(Reply("drip", status=503, drip_bytes=64))
+    response = client.post("/chat/completions", json=CHAT | {"stream": True})
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["type"] == "server_error"
+
+
 def test_invalid_json_is_a_200_that_does_not_parse(fake: FakeUpstream, client: httpx.Client) -> None:
     fake.script(Reply("invalid_json"))
     response = client.post("/chat/completions", json=CHAT)

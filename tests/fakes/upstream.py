@@ -72,7 +72,8 @@ class Reply:
     - reset_after_headers: a 200 with the headers of the answer the request asked for (SSE when it
       has `"stream": true`, else JSON), then a TCP reset before any byte of the body.
     - drip: the answer the request asked for (the `chunks`-event SSE stream, or the JSON completion),
-      sent `drip_bytes` at a time, `delay_ms` apart: a slow but healthy upstream.
+      sent `drip_bytes` at a time, `delay_ms` apart: a slow but healthy upstream. With a `status` of
+      400 or more, the default error body for it, as JSON, the same way.
     - invalid_json: a 200 `application/json` whose body is not JSON.
     - big: a 200 JSON completion whose message content is `size` bytes (default 5 MiB).
     """
@@ -496,7 +497,7 @@ class _Act:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
             await _drop(scope, receive, reset=True)
         elif reply.kind == "drip":
-            await send({"type": "http.response.start", "status": 200, "headers": self._headers()})
+            await send({"type": "http.response.start", "status": reply.status, "headers": self._headers()})
             if await _race(scope, receive, self.release, self._drip(send)) == "released":
                 await _drop(scope, receive, reset=False)
         elif reply.kind in ("hang", "slow_headers"):
@@ -516,7 +517,8 @@ class _Act:
                 await _drop(scope, receive, reset=False)
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
-        kind = b"text/event-stream" if self.call.wants_stream else b"application/json"
+        streamed = self.call.wants_stream and self.reply.status < 400
+        kind = b"text/event-stream" if streamed else b"application/json"
         return [
             (b"content-type", kind),
             *((k.lower().encode(), v.encode()) for k, v in self.reply.headers.items()),
@@ -524,7 +526,9 @@ class _Act:
 
     async def _drip(self, send: Send) -> None:
         reply, call = self.reply, self.call
-        if call.wants_stream:
+        if reply.status >= 400:
+            body = json.dumps(call.error(reply.status)).encode()
+        elif call.wants_stream:
             events = [call.chunk(reply.chunk_text, first=i == 0) for i in range(reply.chunks)]
             body = b"".join(events) + call.ending(reply.chunks, reply.chunk_text)
         else:

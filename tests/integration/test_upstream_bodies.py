@@ -25,8 +25,8 @@ from tests.fakes import FakeUpstream, LiveServer, Reply
 
 CONFIG = """
 [server]
-first_byte_timeout_ms = 1000
-idle_timeout_ms = 1000
+first_byte_timeout_ms = {first_byte_ms}
+idle_timeout_ms = {idle_ms}
 
 [providers.solo]
 class = "local"
@@ -51,8 +51,20 @@ def fake() -> Iterator[tuple[FakeUpstream, str]]:
 
 @pytest.fixture
 def proxy(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[tuple[Runtime, httpx.Client]]:
+    yield from _served(tmp_path, fake[1], first_byte_ms=1000, idle_ms=1000)
+
+
+@pytest.fixture
+def impatient(tmp_path: Path, fake: tuple[FakeUpstream, str]) -> Iterator[tuple[Runtime, httpx.Client]]:
+    """A proxy whose idle timeout (300 ms) is far shorter than its body deadline (4 s)."""
+    yield from _served(tmp_path, fake[1], first_byte_ms=4000, idle_ms=300)
+
+
+def _served(
+    tmp_path: Path, url: str, *, first_byte_ms: int, idle_ms: int
+) -> Iterator[tuple[Runtime, httpx.Client]]:
     path = tmp_path / "config.toml"
-    path.write_text(CONFIG.format(url=fake[1]))
+    path.write_text(CONFIG.format(url=url, first_byte_ms=first_byte_ms, idle_ms=idle_ms))
     path.chmod(0o600)
     runtime = Runtime.open(load_config(path, {}, explicit=True), tmp_path / "state.db", env={})
     runtime.settings.patch({"comboCooldownWait": {"enabled": False}}, "resilience")
@@ -108,3 +120,26 @@ def test_a_slow_but_finite_body_within_the_deadline_is_served(
     response = client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == "hello from solo-upstream"
+
+
+@pytest.mark.parametrize("status", [200, 500], ids=["answer", "error"])
+def test_a_body_that_goes_quiet_past_the_idle_timeout_ends_at_the_idle_timeout(
+    fake: tuple[FakeUpstream, str], impatient: tuple[Runtime, httpx.Client], status: int
+) -> None:
+    """The idle timeout bounds every wait for more of a body, not only a stream's: a non-streaming
+    answer (or an error body) that stops halfway is not waited for until the body deadline."""
+    upstream, _ = fake
+    runtime, client = impatient
+    upstream.script(Reply("drip", status=status, drip_bytes=20, delay_ms=3000))  # 20 bytes, then 3 s quiet
+    started = time.monotonic()
+
+    response = client.post("/v1/chat/completions", json=CHAT)
+
+    took = time.monotonic() - started
+    # An error is relayed as the upstream gave it (with what of its body came); an answer cut short
+    # is a failed attempt.
+    assert response.status_code == (502 if status == 200 else 500)
+    assert took < 2.0, f"the proxy waited {took:.1f} s on a body quiet past its 0.3 s idle timeout"
+    if status == 200:
+        assert "idle" in response.json()["error"]["message"]
+    assert runtime.engine.connections["solo-1"].in_flight == 0
