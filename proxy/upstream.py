@@ -260,6 +260,9 @@ class UpstreamClient:
                 # The idle timeout is UpstreamResponse's (behind one loop timer), not `sock_read`.
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_ms / 1000, sock_read=None),
                 auto_decompress=True,
+                # One session serves every client: a cookie an upstream sets for one of them must not
+                # travel with the others' requests.
+                cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent",),
             )
 

@@ -143,3 +143,18 @@ def test_a_body_that_goes_quiet_past_the_idle_timeout_ends_at_the_idle_timeout(
     if status == 200:
         assert "idle" in response.json()["error"]["message"]
     assert runtime.engine.connections["solo-1"].in_flight == 0
+
+
+def test_an_upstream_sets_no_cookie_for_the_next_client(
+    fake: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    """The proxy serves many clients through one upstream session: a cookie one answer sets must not
+    ride along with the next request (a client's session at the upstream is not another's)."""
+    upstream, url = fake
+    named = url.replace("127.0.0.1", "localhost")  # (aiohttp's default jar ignores cookies of an IP)
+    for _ in _served(tmp_path, named, first_byte_ms=1000, idle_ms=1000):
+        _, client = _
+        upstream.script(Reply("json", headers={"set-cookie": "session=client-a; Path=/"}))
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert [r.headers.get("cookie") for r in upstream.requests] == [None, None]
