@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy import untrusted
-from proxy.body import RequestBody, parse
+from proxy.body import _LAZY_FROM, READ_MEMBERS, RequestBody, _read_members, parse
+
+PAD = ("pad", "p" * _LAZY_FROM)
+"""A member that makes a body large enough to be read by simdjson rather than orjson."""
 
 
 def sent(raw: bytes, model: str = "m-up") -> bytes:
@@ -178,11 +182,19 @@ json_values = st.recursive(
     position=st.integers(0, 5),
     indent=st.sampled_from([None, 0, 2]),
     ascii_only=st.booleans(),
+    large=st.booleans(),
 )
 def test_any_body_reads_as_the_clients_with_the_attempts_model(
-    members: list[tuple[str, object]], model: str, position: int, indent: int | None, ascii_only: bool
+    members: list[tuple[str, object]],
+    model: str,
+    position: int,
+    indent: int | None,
+    ascii_only: bool,
+    large: bool,
 ) -> None:
     members.insert(min(position, len(members)), ("model", model))
+    if large:
+        members.insert(position % (len(members) + 1), PAD)
     text = ", ".join(
         f"{json.dumps(k, ensure_ascii=ascii_only)}: {json.dumps(v, indent=indent, ensure_ascii=ascii_only)}"
         for k, v in members
@@ -204,12 +216,15 @@ def test_any_body_reads_as_the_clients_with_the_attempts_model(
         st.tuples(st.sampled_from(["a", "messages", "model"]) | st.text(), json_values), max_size=4
     ),
     model=st.text(min_size=1),
+    large=st.booleans(),
 )
 def test_a_compact_body_with_the_model_first_reads_with_the_attempts_model(
-    members: list[tuple[str, object]], model: str
+    members: list[tuple[str, object]], model: str, large: bool
 ) -> None:
     # The spelling of the JavaScript SDKs and most agents: no spaces, `model` first.
-    raw = json.dumps(dict([("model", model), *members]), separators=(",", ":")).encode()
+    raw = json.dumps(
+        dict([("model", model), *members, *([PAD] if large else [])]), separators=(",", ":")
+    ).encode()
     document, exact = parse(raw)
     if not isinstance(document.get("model"), str):
         return
@@ -228,3 +243,93 @@ def test_a_model_is_written_as_json_dumps_writes_it(model: str) -> None:
     except UnicodeEncodeError:
         expected = json.dumps(model, ensure_ascii=True).encode()
     assert untrusted.dumps(model) == expected
+
+
+def _orjson_members(raw: bytes) -> dict[str, object] | None:
+    """READ_MEMBERS as the pipeline reads them from orjson's document (None: orjson refuses it, or
+    it is not an object), nested values as `()`, as `_read_members` gives them."""
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    return {
+        name: () if isinstance(document[name], dict | list) else document[name]
+        for name in READ_MEMBERS
+        if name in document
+    }
+
+
+@given(
+    document=st.dictionaries(st.sampled_from(["model", "stream", "a"]) | st.text(), json_values, max_size=5),
+    repeat=st.sampled_from([None, "model", "stream"]),
+    cut=st.integers(0, 200),
+    insert=st.binary(max_size=3),
+    drop=st.integers(0, 3),
+)
+def test_simdjson_reads_the_members_as_orjson_does_or_leaves_the_body_to_it(
+    document: dict[str, object], repeat: str | None, cut: int, insert: bytes, drop: int
+) -> None:
+    """Whatever simdjson reads of a body, valid or mangled, orjson reads the same (last of repeated
+    members included); where they could differ, simdjson leaves it to orjson."""
+    raw = json.dumps(document, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    if repeat is not None:
+        raw = raw[:-1] + (b", " if document else b"") + f'"{repeat}": "again"}}'.encode()
+    at = min(cut, len(raw))
+    mangled = raw[:at] + insert + raw[at + drop :]
+    for body in (raw, mangled):
+        members = _read_members(body)
+        if members is not None:
+            expected = _orjson_members(body)
+            assert expected is not None, body
+            assert {k: v for k, v in members.items() if v is not None} == {
+                k: v for k, v in expected.items() if v is not None
+            }
+
+
+@pytest.mark.parametrize(
+    ("raw", "model", "stream", "exact"),
+    [
+        pytest.param(
+            b'{"model": "p/m", "stream": true, "pad": "%s"}', "p/m", True, False, id="read-by-simdjson"
+        ),
+        pytest.param(
+            b'{"model": "p/a", "pad": "%s", "model": "p/b"}', "p/b", None, False, id="repeated-last-wins"
+        ),
+        pytest.param(
+            b'{"model": {"p": 1}, "stream": [true], "pad": "%s"}', "nested", "nested", False, id="nested"
+        ),
+        pytest.param(
+            b'\xef\xbb\xbf{"model": "p/m", "pad": "%s"}', "p/m", None, True, id="bom-standard-parser"
+        ),
+        pytest.param(
+            b'{"model": "p/m", "x": "\\ud800", "pad": "%s"}',
+            "p/m",
+            None,
+            True,
+            id="surrogate-standard-parser",
+        ),
+        pytest.param(
+            b'{"model": "p/m", "seed": 123456789012345678901234567890, "pad": "%s"}',
+            "p/m",
+            None,
+            False,
+            id="bigint",
+        ),
+    ],
+)
+def test_a_large_body_reads_as_a_small_one(raw: bytes, model: str, stream: object, exact: bool) -> None:
+    body = raw % (b"p" * _LAZY_FROM)
+    document, was_exact = parse(body)
+    assert was_exact is exact
+    read = document.get("model")
+    assert (read if isinstance(read, str) else "nested") == model
+    flag = document.get("stream")
+    assert (flag if flag is None or flag is True else "nested") == stream
+    assert json.loads(RequestBody(body, document, was_exact).for_model("up/m"))["model"] == "up/m"
+
+
+def test_a_large_body_that_is_not_an_object_is_not_read_as_one() -> None:
+    document, _ = parse(b'["model", "%s"]' % (b"p" * _LAZY_FROM))
+    assert isinstance(document, list)

@@ -817,6 +817,10 @@ def one_local(launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]) 
     return launch(provider("loc", "local", up.url, "loc-1", "loc-2")), up
 
 
+PAD = b"p" * 100_000
+"""Makes a body as large as a coding agent's."""
+
+
 @pytest.fixture(scope="module")
 def untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy, Upstream]]:
     """One proxy shared by the tests whose requests must never reach an upstream (nothing to reset)."""
@@ -848,6 +852,23 @@ def untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy,
         (b'{"model": ["loc/m1"]}', 400, "missing_model"),
         (b'{"model": "nope/m1"}', 404, "model_not_found"),
         (b'{"model": "not-listed-anywhere"}', 404, "model_not_found"),
+        # The same mistakes in bodies as large as a coding agent's (read by another parser):
+        pytest.param(
+            b'{"model": "loc/m1", "pad": "' + PAD + b'", "messages": [', 400, "invalid_json", id="large-cut"
+        ),
+        pytest.param(b'["loc/m1", "' + PAD + b'"]', 400, "invalid_request", id="large-array"),
+        pytest.param(
+            b'{"model": {"loc": "m1"}, "pad": "' + PAD + b'"}', 400, "missing_model", id="large-object-model"
+        ),
+        pytest.param(
+            b'{"model": "loc/m1", "pad": "' + PAD + b'", "model": 5}',
+            400,
+            "missing_model",
+            id="large-repeated",
+        ),
+        pytest.param(
+            b'{"model": "loc/m1", "pad": "' + PAD + b'", "x": NaN}', 400, "invalid_json", id="large-nan"
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error_and_reaches_no_upstream(
@@ -859,6 +880,22 @@ def test_bad_input_is_a_clear_error_and_reaches_no_upstream(
     assert response.headers["x-request-id"]
     assert up.calls() == []
     assert proxy.rt.engine.stats.in_flight == 0
+
+
+def test_a_large_body_goes_upstream_as_it_came_with_the_attempts_model(
+    one_local: tuple[Proxy, Upstream],
+) -> None:
+    proxy, up = one_local
+    messages = [{"role": "user", "content": f"turn {i}: " + "x" * 2_000} for i in range(60)]
+    body = {"messages": messages, "model": "loc/m1", "stream": True, "tools": [{"type": "function"}]}
+    raw = json.dumps(body).encode()
+    assert len(raw) > 100_000  # a coding agent's size, past where simdjson reads the body
+    response = proxy.http.post(CHAT_PATH, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 200
+    record = proxy.http.get(f"/api/requests/{response.headers['x-request-id']}").json()["request"]
+    assert (record["modelAsked"], record["stream"]) == ("loc/m1", True)
+    [sent] = up.calls()
+    assert sent.body == raw.replace(b'"model": "loc/m1"', b'"model": "m1"')
 
 
 def test_body_over_32_mib_is_413(one_local: tuple[Proxy, Upstream]) -> None:
