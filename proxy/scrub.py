@@ -27,6 +27,10 @@ __all__ = ["MIN_SECRET_LENGTH", "REDACTED", "Scrubber", "StreamScrubber", "scrub
 REDACTED: Final = "***"
 _REDACTED_BYTES: Final = REDACTED.encode()  # (once: every relayed success body is scrubbed)
 
+_LITERALS_UP_TO: Final = 16
+"""Up to this many secrets, content is searched for them one by one (`Scrubber.secrets`); past it,
+one regex is cheaper than that many scans."""
+
 MIN_SECRET_LENGTH: Final = 8
 """Configured secrets shorter than this are not searched for: replacing every "abc" in a text would
 destroy it, and a secret that short protects nothing anyway."""
@@ -51,7 +55,7 @@ def scrub_shapes(text: str) -> str:
 class Scrubber:
     """Replaces the configured `secrets` (and, in error text, credential shapes) with `REDACTED`."""
 
-    __slots__ = ("_bytes", "_bytes_any", "_text")
+    __slots__ = ("_bytes", "_bytes_any", "_literals", "_text")
 
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
         # Longest first, so that a secret containing another is replaced whole.
@@ -65,6 +69,13 @@ class Scrubber:
         # mix of escapes, which costs several times more.
         usual = b"|".join([*(_escaped_usual_ways(s).encode() for s in ordered), rb"\\[u/]"])
         self._bytes = re.compile(usual) if ordered else None
+        # The same search as substring tests, when the secrets are few and hold no `"` or `\`
+        # (which encoders write two ways): `in` scans at memchr's speed, where the regex engine
+        # tests every byte against the first characters of the alternatives (2.5 µs on a short
+        # answer with two keys against 0.3 µs).
+        self._literals: tuple[bytes, ...] | None = None
+        if ordered and len(ordered) <= _LITERALS_UP_TO and not any('"' in s or "\\" in s for s in ordered):
+            self._literals = tuple(s.encode() for s in ordered)
 
     def __call__(self, text: str) -> str:
         """Error text: the configured secrets and every credential shape replaced."""
@@ -75,7 +86,19 @@ class Scrubber:
     def secrets(self, data: bytes) -> bytes:
         """Content relayed as it came (a success body, a stream's bytes): only the configured
         secrets replaced. Cheap when there are none, or none of them is in `data`."""
-        if self._bytes is None or self._bytes_any is None or self._bytes.search(data) is None:
+        if self._bytes is None or self._bytes_any is None:
+            return data
+        literals = self._literals
+        if literals is not None:
+            for literal in literals:
+                if literal in data:
+                    return self._bytes_any.sub(_REDACTED_BYTES, data)
+            # The escapes only some encoders write (one byte looked for first: a scan for a single
+            # byte is the fastest there is, and most answers hold no backslash at all).
+            if b"\\" in data and (b"\\u" in data or b"\\/" in data):
+                return self._bytes_any.sub(_REDACTED_BYTES, data)
+            return data
+        if self._bytes.search(data) is None:
             return data
         return self._bytes_any.sub(_REDACTED_BYTES, data)
 

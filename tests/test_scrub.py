@@ -143,3 +143,27 @@ def test_an_event_the_upstream_never_finished_can_be_dropped() -> None:
     ending = b'data: {"error": {"code": "stream_interrupted"}}\n\ndata: [DONE]\n\n'
     assert scrubber.feed(ending) == ending
     assert scrubber.flush() == b""
+
+
+UNSEEN = [f"zz-unseen-secret-{i:02d}" for i in range(17)]
+"""Secrets no generated text holds: added to a scrubber, they take it past the substring tests
+(`_LITERALS_UP_TO`) to the one regex, with the same replacements to make."""
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    secrets=st.lists(
+        st.text(alphabet=st.sampled_from([*"ab/+-", "é"]), min_size=8, max_size=12), min_size=1, max_size=3
+    ),
+    data=st.data(),
+)
+def test_few_secrets_searched_one_by_one_find_what_the_regex_finds(
+    secrets: list[str], data: st.DataObject
+) -> None:
+    secret = data.draw(st.sampled_from(secrets))
+    at = data.draw(st.integers(0, len(secret) - 1))
+    way = data.draw(st.integers(0, 3))  # one character escaped one way (or none): the hard case
+    written = escaped(secret, [way if i == at else 0 for i in range(len(secret))])
+    around = st.sampled_from(["", "", "", "x ", "\\n", "\\\\", "é", "\\u00e9", "\\/"])
+    content = (data.draw(around) + written + data.draw(around)).encode()
+    assert Scrubber(secrets).secrets(content) == Scrubber([*secrets, *UNSEEN]).secrets(content)
