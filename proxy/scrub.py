@@ -71,8 +71,8 @@ class Scrubber:
         self._bytes = re.compile(usual) if ordered else None
         # The same search as substring tests, when the secrets are few and hold no `"` or `\`
         # (which encoders write two ways): `in` scans at memchr's speed, where the regex engine
-        # tests every byte against the first characters of the alternatives (2.5 µs on a short
-        # answer with two keys against 0.3 µs).
+        # tests every byte against the first characters of the alternatives (2.2 µs on a 255-byte
+        # answer with two keys against 1.1 µs).
         self._literals: tuple[bytes, ...] | None = None
         if ordered and len(ordered) <= _LITERALS_UP_TO and not any('"' in s or "\\" in s for s in ordered):
             self._literals = tuple(s.encode() for s in ordered)

@@ -302,8 +302,8 @@ def _keep_freed_memory() -> None:
     A coding agent's request passes through as several buffers of its 400 KB (the body as it
     arrived, the body with the attempt's model, aiohttp's request). By default glibc gives the top of
     the heap back to the system as soon as they are freed, and the next request faults the same
-    pages in again, zeroed: 260 page faults and about half the proxy's CPU per agent request
-    (bench/proxy.py with its request path otherwise unchanged). Requests up to MMAP_THRESHOLD now
+    pages in again, zeroed: 260 page faults and about half the proxy's CPU per agent request under
+    wrk (docs/performance.md). Allocations up to MMAP_THRESHOLD now
     come from the heap, and its free top is kept up to TRIM_THRESHOLD: the process holds on to what
     its busiest moment needed, and no more. Elsewhere than glibc, nothing changes."""
     try:
