@@ -152,8 +152,7 @@ def test_an_upstream_sets_no_cookie_for_the_next_client(
     ride along with the next request (a client's session at the upstream is not another's)."""
     upstream, url = fake
     named = url.replace("127.0.0.1", "localhost")  # (aiohttp's default jar ignores cookies of an IP)
-    for _ in _served(tmp_path, named, first_byte_ms=1000, idle_ms=1000):
-        _, client = _
+    for _, client in _served(tmp_path, named, first_byte_ms=1000, idle_ms=1000):  # (serves once)
         upstream.script(Reply("json", headers={"set-cookie": "session=client-a; Path=/"}))
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
