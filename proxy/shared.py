@@ -48,12 +48,15 @@ class SharedState(Protocol):
         """An operator reset of one breaker. Called before the engine applies it locally."""
         ...
 
-    def connection(self, connection_id: str, op: ConnectionOp) -> None:
-        """A change to one connection's health. Called before the engine applies `op` locally."""
+    def connection(self, connection_id: str, op: ConnectionOp, *, by_operator: bool = False) -> None:
+        """A change to one connection's health. Called before the engine applies `op` locally.
+        `by_operator`: an operator's reset, which clears what every outcome decided before it did,
+        on any replica: one still on its way to the shared state may not undo it."""
         ...
 
-    def lockout(self, key: tuple[str, str, str], op: LockoutOp) -> None:
-        """A change to one (provider, connection, model) lockout. Called before the engine applies it."""
+    def lockout(self, key: tuple[str, str, str], op: LockoutOp, *, by_operator: bool = False) -> None:
+        """A change to one (provider, connection, model) lockout. Called before the engine applies it.
+        `by_operator`: an operator's re-enable, as for `connection`."""
         ...
 
     def probe_alive(self, provider: str) -> None:

@@ -36,7 +36,7 @@ class OperatorActions(EnginePart):
             raise KeyError(connection_id)
         ids = [connection_id] if connection_id is not None else list(self.connections)
         for cid in ids:
-            self._layers.connection_op(cid, lambda h: h.reset(now, "operator"))
+            self._layers.connection_op(cid, lambda h: h.reset(now, "operator"), by_operator=True)
         self._operator(f"reset connection {connection_id or '--all'}", source)
         return len(ids)
 
@@ -65,7 +65,7 @@ class OperatorActions(EnginePart):
             self.dirty.lockouts.update(keys)
             if self._layers.shared is not None:
                 for key in keys:
-                    self._layers.shared.lockout(key, reenable_op(key, now))
+                    self._layers.shared.lockout(key, reenable_op(key, now), by_operator=True)
         removed = self.lockouts.reenable(provider, model, now, connection_id)
         suffix = f" --connection {connection_id}" if connection_id else ""
         self._operator(f"reenable {provider}/{model}{suffix}", source)
@@ -77,7 +77,7 @@ class OperatorActions(EnginePart):
         now = self.clock.now()
         if self._layers.shared is not None:
             for key in keys:
-                self._layers.shared.lockout(key, reenable_op(key, now))
+                self._layers.shared.lockout(key, reenable_op(key, now), by_operator=True)
         removed = self.lockouts.reenable_all(now)
         self._operator("reenable --all", source)
         return removed

@@ -98,10 +98,10 @@ class Layers:
             return  # the backend's change feed brings it to every replica's bus, this one's included
         self.bus.publish(event)
 
-    def connection_op(self, connection_id: str, op: ConnectionOp) -> None:
+    def connection_op(self, connection_id: str, op: ConnectionOp, *, by_operator: bool = False) -> None:
         """Apply one change to a connection's health: here, and (first) in the shared state."""
         if self.shared is not None:
-            self.shared.connection(connection_id, op)
+            self.shared.connection(connection_id, op, by_operator=by_operator)
         op(self.connections[connection_id].health)
         self.dirty.connections.add(connection_id)
 

@@ -107,6 +107,10 @@ class _Job:
     """A breaker job of the probe: give the lease back once it is recorded."""
     event: Event | None = None
     owner: str | None = None
+    at: float = 0.0
+    """When the engine decided the transition (this replica's clock)."""
+    by_operator: bool = False
+    """An operator's reset or re-enable: it clears what any outcome decided before it did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,10 @@ class FleetState:
         self._cache: dict[_Slot, tuple[dict[str, Any] | None, int]] = {}
         """What this replica knows of each shared record: (record, version). None: deleted/absent."""
         self._pending: dict[_Slot, int] = {}
+        self._acted: dict[_Slot, float] = {}
+        """When an operator last reset or re-enabled each shared record (on any replica), as far as
+        this replica has heard: an outcome decided before then, still queued here, is dropped
+        rather than replayed over the action (`_transition`)."""
         self._dirty: set[_Slot] = set()
         """Records this replica changed while Redis was away: reconciled when it is back."""
         self._leases: dict[str, str] = {}
@@ -334,7 +342,7 @@ class FleetState:
                 self._settings_version = expected + 1
                 return
             try:
-                ok, version, _ = self._sync.eval(*self._settings_write(expected, text))
+                ok, version, *_ = self._sync.eval(*self._settings_write(expected, text))
             except RedisError as exc:
                 self._settings_dirty = True
                 self._settings_version = expected + 1
@@ -456,13 +464,13 @@ class FleetState:
         self._submit("breaker", _Job("b", provider, mutate, lease=probe))
 
     def reset_breaker(self, provider: str, now: float) -> None:
-        self._submit("breaker", _Job("b", provider, lambda b: b.reset(now, "operator")))
+        self._submit("breaker", _Job("b", provider, lambda b: b.reset(now, "operator"), by_operator=True))
 
-    def connection(self, connection_id: str, op: ConnectionOp) -> None:
-        self._submit("connection", _Job("c", connection_id, op))
+    def connection(self, connection_id: str, op: ConnectionOp, *, by_operator: bool = False) -> None:
+        self._submit("connection", _Job("c", connection_id, op, by_operator=by_operator))
 
-    def lockout(self, key: tuple[str, str, str], op: LockoutOp) -> None:
-        self._submit("lockout", _Job("l", event_key(*key), op))
+    def lockout(self, key: tuple[str, str, str], op: LockoutOp, *, by_operator: bool = False) -> None:
+        self._submit("lockout", _Job("l", event_key(*key), op, by_operator=by_operator))
 
     def probe_alive(self, provider: str) -> None:
         if provider in self._leases and self._jobs is not None:
@@ -530,6 +538,7 @@ class FleetState:
     def _submit(self, layer: str, job: _Job) -> None:
         if self._jobs is None:
             return
+        job.at = self._clock.now()
         # The engine applies the same change locally right after this call: its events are the
         # ones the replay publishes through the feed, so they stay quiet here for this step.
         self._quiet.add((layer, job.ident))
@@ -587,6 +596,14 @@ class FleetState:
         slot = (job.kind, job.ident)
         for _ in range(MAX_REPLAYS):
             record, version = self._cache.get(slot, (None, 0))
+            if not job.by_operator and job.at < self._acted.get(slot, -1.0):
+                # Decided before an operator reset or re-enabled this record (on another replica,
+                # whose action landed first): replayed now it would undo the action (a reset key
+                # cooling again, a re-enabled model locked again), which on one process it never
+                # could, having come first. The operator's word stands.
+                if self._pending.get(slot, 0) <= 1:
+                    self._adopt(job.kind, job.ident, record)
+                break
             events: list[Event] = []
             fresh = self._fresh(job.kind, job.ident, record, events.append)
             if fresh is None:
@@ -594,29 +611,53 @@ class FleetState:
             job.mutate(fresh)
             new = self._record_of(job.kind, job.ident, fresh)
             shipped = [e for e in events if e.reason not in _LAZY_REASONS]
-            if new == record and not shipped:
+            if new == record and not shipped and not job.by_operator:
                 # Nothing to write: the shared record already says it (or, after a conflict, says
                 # more). This replica's memory tier may have applied its own stale decision: it
-                # takes the shared record instead.
+                # takes the shared record instead. (An operator's action is written all the same:
+                # its time must reach the fleet.)
                 if self._pending.get(slot, 0) <= 1:
                     self._adopt(job.kind, job.ident, record)
                 break
-            ok, current_version, rest = await self._write(job.kind, job.ident, version, new, shipped)
+            ok, current_version, rest, acted = await self._write(
+                job.kind, job.ident, version, new, shipped, by_operator=job.at if job.by_operator else None
+            )
+            operator_acted = self._heard_acted(slot, acted)
             if ok:
                 newest = self._newest(slot, new, int(current_version))
                 if self._pending.get(slot, 0) <= 1:
                     self._adopt(job.kind, job.ident, newest)
                 break
             # Another replica moved this record first: decide again on what it wrote.
-            self._newest(slot, json.loads(rest) if rest else None, int(current_version))
+            newest = self._newest(slot, json.loads(rest) if rest else None, int(current_version))
+            if operator_acted:
+                self._adopt(job.kind, job.ident, newest)  # another's operator action: at once (`_on_entry`)
         else:
             log.warning("fleet: gave up sharing %s after %d conflicts", slot, MAX_REPLAYS)
         if job.lease:
             await self._release(job.ident)
 
+    def _heard_acted(self, slot: _Slot, acted: str) -> bool:
+        """Note when an operator last changed a record, as a write's reply or the feed says; True
+        when that is later than this replica had heard."""
+        if acted and float(acted) > self._acted.get(slot, -1.0):
+            self._acted[slot] = float(acted)
+            return True
+        return False
+
     async def _write(
-        self, kind: str, ident: str, version: int, record: Mapping[str, Any] | None, events: list[Event]
-    ) -> tuple[int, int, str]:
+        self,
+        kind: str,
+        ident: str,
+        version: int,
+        record: Mapping[str, Any] | None,
+        events: list[Event],
+        *,
+        by_operator: float | None = None,
+    ) -> tuple[int, int, str, str]:
+        """Write `record` if the shared one is still at `version` (the TRANSITION script). Returns
+        (written, the version now, the feed entry's id or else the current record, when an operator
+        last changed it); `by_operator`: when the operator who made this change acted."""
         assert self._r is not None
         ttl = 0
         if kind == "l":
@@ -639,8 +680,9 @@ class FleetState:
             self.replica_id,
             ttl,
             FEED_MAXLEN,
+            "" if by_operator is None else repr(by_operator),
         )
-        return int(result[0]), int(result[1]), str(result[2] or "")
+        return int(result[0]), int(result[1]), str(result[2] or ""), str(result[3] or "")
 
     async def _send_event(self, job: _Job) -> None:
         assert self._r is not None and job.event is not None
@@ -801,11 +843,16 @@ class FleetState:
         if kind in ("b", "c", "l"):
             version = int(fields.get("v") or 0)
             slot = (kind, ident)
+            operator = self._heard_acted(slot, fields.get("a") or "") and origin != self.replica_id
             if version > self._cache.get(slot, (None, 0))[1]:
                 text = fields.get("r") or ""
                 record = json.loads(text) if text else None
                 self._cache[slot] = (record, version)
-                if not self._pending.get(slot):
+                # With this replica's own outcomes for the record still queued, its memory tier is
+                # ahead of the feed and waits for them; another replica's operator action is taken
+                # at once all the same (what it freed is free now, and the requests its event
+                # nudges look again now): outcomes queued here from before it are dropped.
+                if not self._pending.get(slot) or operator:
                     self._adopt(kind, ident, record)
         elif kind == "s":
             version = int(fields.get("v") or 0)
@@ -921,7 +968,7 @@ class FleetState:
             if merged == remote:
                 self._adopt(kind, ident, self._newest(slot, remote, version))
                 return 0
-            ok, new_version, _ = await self._write(kind, ident, version, merged, [])
+            ok, new_version, *_ = await self._write(kind, ident, version, merged, [])
             if ok:
                 self._adopt(kind, ident, self._newest(slot, merged, new_version))
                 return 1

@@ -8,12 +8,20 @@ version and writing the record.
 TRANSITION = """
 -- KEYS[1] the record's hash, KEYS[2] the change feed (a stream)
 -- ARGV: expected version, kind, id, record JSON ('' = deleted), events JSON, origin replica,
---       key TTL in ms (0 = none), feed MAXLEN
+--       key TTL in ms (0 = none), feed MAXLEN, [when an operator made this change; '': no operator]
+-- Besides the record ('r') at its version ('v'), the hash keeps when an operator last changed it
+-- ('a', the latest such time); every reply and feed entry carries it.
 local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+local acted = redis.call('HGET', KEYS[1], 'a') or ''
 if v ~= tonumber(ARGV[1]) then
-  return {0, v, redis.call('HGET', KEYS[1], 'r') or ''}
+  return {0, v, redis.call('HGET', KEYS[1], 'r') or '', acted}
 end
 v = v + 1
+local by_operator = ARGV[9] or ''
+if by_operator ~= '' and (acted == '' or tonumber(by_operator) > tonumber(acted)) then
+  acted = by_operator
+  redis.call('HSET', KEYS[1], 'a', acted)
+end
 redis.call('HSET', KEYS[1], 'v', v, 'r', ARGV[4])
 local ttl = tonumber(ARGV[7])
 if ttl > 0 then
@@ -22,10 +30,11 @@ else
   redis.call('PERSIST', KEYS[1])
 end
 local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*',
-  'k', ARGV[2], 'i', ARGV[3], 'v', v, 'r', ARGV[4], 'e', ARGV[5], 'o', ARGV[6])
-return {1, v, id}
+  'k', ARGV[2], 'i', ARGV[3], 'v', v, 'r', ARGV[4], 'e', ARGV[5], 'o', ARGV[6], 'a', acted)
+return {1, v, id, acted}
 """
-"""Apply a transition only if the record is still at the version the caller decided on."""
+"""Apply a transition only if the record is still at the version the caller decided on. Either way
+the reply ends with when an operator last changed the record."""
 
 RELEASE_PROBE = """
 -- KEYS[1] the probe lease, KEYS[2] the change feed; ARGV: owner, provider, origin, feed MAXLEN

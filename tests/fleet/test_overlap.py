@@ -4,13 +4,18 @@ Two replicas' runtimes in this process share the machine's Redis (a key prefix p
 one FakeClock. A state machine starts attempts on either replica, answers them in any order, lets
 the replicas' background work (the worker that writes transitions, the change feed) run for a
 random number of loop turns in between, so each replica often decides on a view the other has
-already moved past, and sometimes moves time. What must hold, whatever the interleaving:
+already moved past, and sometimes moves time. Each outcome and operator action is a microsecond
+after the step before it, as on a real clock. What must hold, whatever the interleaving:
 
 - the fleet's probe: at most one attempt on the whole fleet holds the probe lease at a time;
 - one OPEN per open: the change feed never carries an OPEN for a breaker that was already OPEN;
 - one order: once the background work is done, key-1's shared cooldown is what the cooldown
   rules give for SOME serialization of the outcomes recorded since the replicas last caught up
   (`settle`) that keeps each replica's own order; see below;
+- the operator's word stands: an operator's reset of key-1 on one replica comes, in that
+  serialization, after every outcome the other replica had recorded before it (one decided
+  before the reset, still queued when it lands, must not undo it); outcomes after it may come on
+  either side (the replicas had not heard of each other);
 - one state: once the background work is done, both memory tiers equal what Redis holds.
 
 What "one order" promises, and what it does not. Each replica's worker replays its operations in
@@ -35,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +51,25 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from proxy.config import load_config
 from proxy.engine import Attempt, NoTarget, Target
+from proxy.fleet.backend import FleetState
 from proxy.resilience.breaker import CircuitBreaker
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.outcome import Outcome
 from proxy.runtime import Runtime
 from tests.fleet.conftest import REDIS_URL, require_redis
 
-Event = tuple[float, int | None]
-"""One key-1 outcome in the model: (when, the 429's retry-after in seconds; None for a success)."""
+
+@dataclass(frozen=True)
+class Reset:
+    """An operator's reset of key-1 in a replica's log."""
+
+    others_before: int
+    """How many outcomes the other replica had recorded (since `settle`) when it was made."""
+
+
+Event = tuple[float, int | Reset | None]
+"""One key-1 step in the model: (when, the 429's retry-after in seconds; None for a success; or an
+operator's reset)."""
 
 CONFIG = """[server]
 port = {port}
@@ -103,6 +120,10 @@ class FleetOverlap(RuleBasedStateMachine):
             runtime = Runtime.open(config, None, clock=self.clock, env={})
             self.runtimes.append(runtime)
             self.loop.run_until_complete(runtime.start())
+        self.latency = [0, 0]
+        """Loop turns each replica's writes take to reach Redis (`latency`)."""
+        for replica, runtime in enumerate(self.runtimes):
+            self._delay_writes(replica, runtime)
         self.pending: list[tuple[int, Attempt]] = []
         self.expected_until: float | None = None
         """Key-1's cooldown deadline at the last `settle` (None: not cooling), known for sure there."""
@@ -116,6 +137,23 @@ class FleetOverlap(RuleBasedStateMachine):
         keys = list(self.redis.scan_iter(match=f"{self.prefix}*", count=1000))
         if keys:
             self.redis.delete(*keys)
+
+    def _delay_writes(self, replica: int, runtime: Runtime) -> None:
+        fleet = runtime.fleet
+        assert isinstance(fleet, FleetState)
+        write = fleet._write
+
+        async def delayed(*args: Any, **kwargs: Any) -> tuple[int, int, str, str]:
+            for _ in range(self.latency[replica]):
+                await asyncio.sleep(0)
+            return await write(*args, **kwargs)
+
+        fleet._write = delayed  # type: ignore[method-assign]
+
+    def tick(self) -> float:
+        """A microsecond on: the time of the next outcome or operator action."""
+        self.clock.advance(0.001)
+        return self.clock.now()
 
     def turns(self, n: int) -> None:
         for _ in range(n):
@@ -143,7 +181,7 @@ class FleetOverlap(RuleBasedStateMachine):
         index = data.draw(st.integers(0, len(self.pending) - 1))
         replica, attempt = self.pending.pop(index)
         outcome = data.draw(st.sampled_from(OUTCOMES[attempt.target.provider]))
-        now = self.clock.now()
+        now = self.tick()
         if attempt.target.provider == "keys" and outcome.status == 429:
             self.logs[replica].append((now, int(outcome.headers["retry-after"])))
         elif attempt.target.provider == "keys":
@@ -166,19 +204,32 @@ class FleetOverlap(RuleBasedStateMachine):
             if isinstance(decision, Attempt) and not decision.probe:
                 started.append((replica, decision, hint))
         for replica, attempt, hint in started:
+            now = self.tick()
             if provider == "keys":
                 outcome = Outcome.http(429, "slow down", {"retry-after": str(hint)})
-                self.logs[replica].append((self.clock.now(), hint))
+                self.logs[replica].append((now, hint))
             else:
                 outcome = Outcome.http(503)
             self.runtimes[replica].engine.record(attempt, outcome)
 
+    @rule(replica=st.integers(0, 1), turns=st.integers(0, 8))
+    def latency(self, replica: int, turns: int) -> None:
+        """One replica's writes now take longer (or less long) to reach Redis than the other's."""
+        self.latency[replica] = turns
+
+    @rule(replica=st.integers(0, 1), turns=st.integers(0, 3))
+    def operator_resets(self, replica: int, turns: int) -> None:
+        """The operator resets key-1 through one replica, whatever the other has queued."""
+        self.logs[replica].append((self.tick(), Reset(len(self.logs[1 - replica]))))
+        self.runtimes[replica].engine.reset_connection("key-1")
+        self.turns(turns)
+
     @staticmethod
     def _expect(until: float | None, event: Event) -> float | None:
-        """Key-1's deadline after one outcome, on one process: a success clears it; a 429 starts
-        one from its hint, or, while one runs, moves it only to a later end."""
+        """Key-1's deadline after one step, on one process: a success or a reset clears it; a 429
+        starts one from its hint, or, while one runs, moves it only to a later end."""
         now, hint_s = event
-        if hint_s is None:
+        if hint_s is None or isinstance(hint_s, Reset):
             return None
         asked = now + hint_s * 1000
         running = until is not None and until > now
@@ -186,8 +237,9 @@ class FleetOverlap(RuleBasedStateMachine):
 
     def reachable(self) -> set[float | None]:
         """Key-1's deadline after every interleaving of the two replicas' logs that keeps each
-        replica's own order: reachable[i][j] is the set after i outcomes of replica 0 and j of
-        replica 1, built from [i-1][j] and [i][j-1]."""
+        replica's own order and puts each reset after what the other replica had recorded before
+        it: reachable[i][j] is the set after i steps of replica 0 and j of replica 1, built from
+        [i-1][j] and [i][j-1]."""
         first, second = self.logs
         reach: list[list[set[float | None]]] = [
             [set() for _ in range(len(second) + 1)] for _ in range(len(first) + 1)
@@ -195,9 +247,9 @@ class FleetOverlap(RuleBasedStateMachine):
         reach[0][0] = {self.expected_until}
         for i in range(len(first) + 1):
             for j in range(len(second) + 1):
-                if i:
+                if i and _may_follow(first[i - 1], j):
                     reach[i][j] |= {self._expect(u, first[i - 1]) for u in reach[i - 1][j]}
-                if j:
+                if j and _may_follow(second[j - 1], i):
                     reach[i][j] |= {self._expect(u, second[j - 1]) for u in reach[i][j - 1]}
         return reach[len(first)][len(second)]
 
@@ -271,6 +323,12 @@ class FleetOverlap(RuleBasedStateMachine):
         # The replicas caught up: from here the order is known again, and it starts at this state.
         self.expected_until = found
         self.logs = ([], [])
+
+
+def _may_follow(event: Event, others: int) -> bool:
+    """Whether `event` may come right after `others` steps of the other replica."""
+    step = event[1]
+    return not isinstance(step, Reset) or others >= step.others_before
 
 
 def _as_read_impl(self: FleetOverlap, record: dict[str, Any]) -> dict[str, Any]:

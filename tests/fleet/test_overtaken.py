@@ -2,6 +2,11 @@
 a newer version of the same record, and the change feed brings it first. The replica must end on
 the newest record, in its cache and in its memory tier, not on its own older one.
 
+An operator's action can overtake a write still waiting in a replica's queue: the outcome it carries
+was decided before the operator acted, so replayed after the action it must not undo it (a reset
+connection cooling again for a minute, a re-enabled model locked again), and the replica takes the
+operator's word at once, not once its own queue is through.
+
 Found by tests/fleet/test_overlap.py under load (one run in six while other work ran): replica A's
 worker wrote a 60 s cooldown as version n, replica B replayed its 300 s hint on it as n + 1, A's
 feed delivered both entries while A's write still awaited its reply (so it adopted neither: A had
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +91,8 @@ def test_a_write_overtaken_by_the_feed_leaves_the_newest_record(
     fleet_a = fleet_of(a)
     written = fleet_a._write
 
-    async def overtaken(*args: Any) -> tuple[int, int, str]:
-        result = await written(*args)
+    async def overtaken(*args: Any, **kwargs: Any) -> tuple[int, int, str, str]:
+        result = await written(*args, **kwargs)
         # Before A's worker goes on: B records its later hint (a replay on A's version), and A's
         # feed brings both entries.
         b.engine.record(*later)
@@ -109,3 +114,95 @@ def test_a_write_overtaken_by_the_feed_leaves_the_newest_record(
     assert fleet_a._cache[("c", "key-1")] == (shared, version)
     for runtime in (a, b):
         assert runtime.engine.connections["key-1"].health.to_record() == shared
+
+
+def held_until_the_operator_acts(
+    loop: asyncio.AbstractEventLoop,
+    waiting: Runtime,
+    operator: Runtime,
+    act: Callable[[], object],
+    redis: Any,
+    prefix: str,
+    check: Callable[[], object],
+) -> list[object]:
+    """Hold `waiting`'s next write until, a millisecond later, the operator acts through `operator`
+    and `waiting`'s feed has brought the action; `check()` runs then, its value is returned."""
+    own = fleet_of(waiting)
+    written = own._write
+    seen: list[object] = []
+
+    async def held(*args: Any, **kwargs: Any) -> tuple[int, int, str, str]:
+        operator.engine.clock.advance(1)  # type: ignore[attr-defined]
+        act()
+        await caught_up([operator], redis, prefix)
+        last = redis.xrevrange(f"{prefix}feed", count=1)[0][0]
+        while own._feed_from != last:
+            await asyncio.sleep(0.001)
+        seen.append(check())
+        own._write = written  # type: ignore[method-assign]
+        return await written(*args, **kwargs)
+
+    own._write = held  # type: ignore[method-assign]
+    return seen
+
+
+def test_an_operator_reset_is_not_undone_by_a_failure_decided_before_it(
+    fleet: tuple[asyncio.AbstractEventLoop, list[Runtime], Any, str],
+) -> None:
+    loop, (a, b), redis, prefix = fleet
+    in_flight = a_429(b, 60)  # a second request on key-1, sent before it cooled
+    b.engine.record(*a_429(b, 60))
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+    assert not a.engine.connections["key-1"].health.is_eligible(a.engine.clock.now())
+
+    health = b.engine.connections["key-1"].health
+    seen = held_until_the_operator_acts(
+        loop,
+        b,
+        a,
+        lambda: a.engine.reset_connection("key-1"),
+        redis,
+        prefix,
+        lambda: health.is_eligible(b.engine.clock.now()),
+    )
+    b.engine.clock.advance(1)  # type: ignore[attr-defined]
+    b.engine.record(*in_flight)  # its 429 is queued on B when the operator resets key-1 through A
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+
+    assert seen == [True]  # B took the reset at once, though its own write was still queued
+    shared = json.loads(redis.hget(f"{prefix}c:key-1", "r"))
+    assert shared["rate_limited_until"] is None and shared["backoff_level"] == 0
+    for runtime in (a, b):
+        assert runtime.engine.connections["key-1"].health.to_record() == shared
+
+
+def test_an_operator_reenable_is_not_undone_by_a_failure_decided_before_it(
+    fleet: tuple[asyncio.AbstractEventLoop, list[Runtime], Any, str],
+) -> None:
+    loop, (a, b), redis, prefix = fleet
+    for runtime in (a, b):
+        runtime.engine.settings.patch({"modelLockout": {"enabled": True}}, "settings")
+    first, in_flight = (b.engine.select([Target("keys", "m1")]) for _ in range(2))
+    assert isinstance(first, Attempt) and isinstance(in_flight, Attempt)
+    b.engine.record(first, Outcome.http(404, "model not found"))
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+    assert a.engine.lockouts.get("keys", "key-1", "m1") is not None
+
+    seen = held_until_the_operator_acts(
+        loop,
+        b,
+        a,
+        lambda: a.engine.reenable("keys", "m1"),
+        redis,
+        prefix,
+        lambda: b.engine.lockouts.get("keys", "key-1", "m1"),
+    )
+    b.engine.clock.advance(1)  # type: ignore[attr-defined]
+    # (sent before the lock, its failure would change nothing but for its longer hint)
+    b.engine.record(in_flight, Outcome.http(404, "model not found", {"retry-after": "86400"}))
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+
+    assert seen == [None]
+    assert redis.hget(f"{prefix}l:keys:key-1:m1", "r") in ("", None)
+    for runtime in (a, b):
+        assert runtime.engine.lockouts.get("keys", "key-1", "m1") is None
