@@ -50,7 +50,7 @@ from redis.retry import Retry
 from proxy.config import Config
 from proxy.fleet.affinity import Affinity
 from proxy.fleet.fingerprint import config_items, differences, fingerprint
-from proxy.fleet.merge import MERGES
+from proxy.fleet.merge import MERGES, since_operator
 from proxy.fleet.scripts import RELEASE_PROBE, RENEW_PROBE, TRANSITION
 from proxy.resilience.breaker import Admission, CircuitBreaker
 from proxy.resilience.classify import BreakerEffect
@@ -955,14 +955,16 @@ class FleetState:
         assert self._r is not None
         slot = (kind, ident)
         for _ in range(MAX_REPLAYS):
-            version_text, text = await self._r.hmget(self.key(kind, ident), ["v", "r"])
+            version_text, text, acted = await self._r.hmget(self.key(kind, ident), ["v", "r", "a"])
             version = int(version_text or 0)
             remote = json.loads(text) if text else None
+            self._heard_acted(slot, acted or "")
             if slot not in dirty and version > 0:
                 # Unchanged here while away: the fleet's record is the truth.
                 self._adopt(kind, ident, self._newest(slot, remote, version))
                 return 0
-            merged = MERGES[kind](local, remote)
+            kept = since_operator(kind, local, remote, float(acted) if acted else None)
+            merged = MERGES[kind](kept, remote)
             if kind == "l" and merged is not None and float(merged["expires_at"]) <= self._clock.now():
                 merged = remote if remote is not None else None
             if merged == remote:

@@ -3,6 +3,8 @@
 A replica that lost Redis kept deciding on its own memory tier; meanwhile the others went on in
 Redis. When it is back, each record it changed while away is merged with the one in Redis:
 
+- what this replica decided before an operator reset or re-enabled the record in Redis meanwhile is
+  gone: the operator's action cleared it, on every replica (`since_operator`);
 - deadlines merge, the later wins (a cooldown, a lockout, an OPEN breaker's period);
 - terminal states win over transient ones (`banned`, `expired`, `credits_exhausted` over cooling);
 - breaker counts take the larger (failures, open cycles), and the more severe state wins;
@@ -80,3 +82,24 @@ def merge_lockout(a: Record | None, b: Record | None) -> dict[str, Any] | None:
 
 
 MERGES = {"b": merge_breaker, "c": merge_connection, "l": merge_lockout}
+
+_DECIDED_AT = {"b": "last_failure_at", "c": "last_error_at", "l": "last_failure_at"}
+"""The field that says when a failure last changed a record of each kind. (A breaker's other
+transitions after a reset are its own lazy recovery, or a success, which the reset agrees with.)"""
+
+
+def since_operator(
+    kind: str, local: Record | None, remote: Record | None, acted: float | None
+) -> Record | None:
+    """`local` as it stands after an operator's reset or re-enable made at `acted` (None: none), as
+    Redis holds it in `remote`: when every outcome in `local` came before the action, the action
+    cleared them, and `remote` says the rest. A connection keeps its own `enabled` (a disable is
+    not cleared by a reset, and merges as usual)."""
+    if local is None or acted is None:
+        return local
+    decided = local.get(_DECIDED_AT[kind])
+    if not isinstance(decided, int | float) or decided >= acted:
+        return local
+    if kind == "c" and remote is not None:
+        return {**remote, "enabled": local.get("enabled", True)}
+    return remote

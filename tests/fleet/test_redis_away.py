@@ -80,6 +80,30 @@ def test_reconcile_deadlines_merge_and_the_later_wins(
     assert a.connection("alpha-1")["cooldownRemainingMs"] > 100_000
 
 
+def test_reconcile_an_operator_reset_made_meanwhile_clears_what_was_decided_before_it(
+    make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """The operator resets a key through B while A, cut off, still cools it for a 429 it saw
+    before: A's cooldown does not come back when A does. One A sees after the reset does."""
+    fake, _ = upstream
+    _, a, b, gate = split_fleet(make_fleet, gates, provider_class="apikey")
+    cut_off(a, gate)
+    fake.script(Reply("error", status=429, headers={"retry-after": "120"}))
+    assert a.chat().status_code == 200  # alpha-1 cooling 120 s on A only
+    assert b.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+    heal(a, gate)
+    assert a.connection("alpha-1")["status"] == "active"
+    assert b.connection("alpha-1")["status"] == "active"
+
+    cut_off(a, gate)
+    assert b.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+    fake.script(Reply("error", status=429, headers={"retry-after": "120"}))
+    assert a.chat().status_code == 200  # after the reset: this cooldown stands
+    heal(a, gate)
+    wait_for(lambda: b.connection("alpha-1")["status"] == "cooling", 1, "B takes A's later cooldown")
+    assert a.connection("alpha-1")["status"] == "cooling"
+
+
 def test_reconcile_a_terminal_state_wins_over_a_cooldown(
     make_fleet: Callable[..., Fleet], gates: Callable[[int], TcpGate], upstream: tuple[FakeUpstream, str]
 ) -> None:
