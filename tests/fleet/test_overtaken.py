@@ -77,6 +77,13 @@ async def caught_up(runtimes: list[Runtime], redis: Any, prefix: str) -> None:
     raise AssertionError("the feeds did not catch up")
 
 
+async def heard_everything(runtime: Runtime, redis: Any, prefix: str) -> None:
+    """This replica's feed is at the stream's last entry (its worker may still be busy)."""
+    last = redis.xrevrange(f"{prefix}feed", count=1)[0][0]
+    while fleet_of(runtime)._feed_from != last:
+        await asyncio.sleep(0.001)
+
+
 def a_429(runtime: Runtime, retry_after_s: int) -> tuple[Attempt, Outcome]:
     decision = runtime.engine.select([Target("keys", "m1")])
     assert isinstance(decision, Attempt), decision
@@ -97,9 +104,7 @@ def test_a_write_overtaken_by_the_feed_leaves_the_newest_record(
         # feed brings both entries.
         b.engine.record(*later)
         await caught_up([b], redis, prefix)
-        last = redis.xrevrange(f"{prefix}feed", count=1)[0][0]
-        while fleet_a._feed_from != last:
-            await asyncio.sleep(0.001)
+        await heard_everything(a, redis, prefix)
         return result
 
     fleet_a._write = overtaken  # type: ignore[method-assign]
@@ -117,7 +122,6 @@ def test_a_write_overtaken_by_the_feed_leaves_the_newest_record(
 
 
 def held_until_the_operator_acts(
-    loop: asyncio.AbstractEventLoop,
     waiting: Runtime,
     operator: Runtime,
     act: Callable[[], object],
@@ -135,9 +139,7 @@ def held_until_the_operator_acts(
         operator.engine.clock.advance(1)  # type: ignore[attr-defined]
         act()
         await caught_up([operator], redis, prefix)
-        last = redis.xrevrange(f"{prefix}feed", count=1)[0][0]
-        while own._feed_from != last:
-            await asyncio.sleep(0.001)
+        await heard_everything(waiting, redis, prefix)
         seen.append(check())
         own._write = written  # type: ignore[method-assign]
         return await written(*args, **kwargs)
@@ -157,7 +159,6 @@ def test_an_operator_reset_is_not_undone_by_a_failure_decided_before_it(
 
     health = b.engine.connections["key-1"].health
     seen = held_until_the_operator_acts(
-        loop,
         b,
         a,
         lambda: a.engine.reset_connection("key-1"),
@@ -189,7 +190,6 @@ def test_an_operator_reenable_is_not_undone_by_a_failure_decided_before_it(
     assert a.engine.lockouts.get("keys", "key-1", "m1") is not None
 
     seen = held_until_the_operator_acts(
-        loop,
         b,
         a,
         lambda: a.engine.reenable("keys", "m1"),
