@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = measure(
                 name, args.body, args.requests, args.warmup, tmp, args.profile, args.connections
             )
-            print(f"{name:<11} {results[name] / 1e6:7.3f} M instructions per request", flush=True)
+            print(f"{name:<11} {results[name] / 1e3:9.1f} k instructions per request", flush=True)
         if "omniroute" in results and "unrecorded" in results:
             ratio = results["unrecorded"] / results["omniroute"]
             print(f"recording: unrecorded / omniroute instructions {ratio:.3f}")
