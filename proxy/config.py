@@ -61,6 +61,8 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 # Ids end up in URLs (/api/resilience/connections/{id}/reset), in `provider/model` targets and in
 # `provider:connection:model` lockout keys, so '/', ':' and whitespace are kept out of them.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_KEY_RE = re.compile(r"[\x21-\x7e]+")
+"""What an upstream API key may hold: it goes out as a header value."""
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TOML_ERROR_RE = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
@@ -889,6 +891,15 @@ class _Reader:
                 self.warnings.append(
                     f"{w}.api_key_env: {api_key_env} is not set, so connection '{cid}' sends no key"
                 )
+        if resolved is not None and not _KEY_RE.fullmatch(resolved):
+            # Sent as a header value: a newline from a secrets file or an EnvironmentFile would make
+            # every request on this connection fail. Named, never shown (it is a secret).
+            where = f"{w}.api_key" if api_key is not None else f"{w}.api_key_env ({api_key_env})"
+            self.problem(
+                where,
+                f"connection '{cid}': the key holds a space, a control character (a trailing newline?) "
+                "or a non-ASCII character; an API key is sent in a header and must be printable ASCII",
+            )
 
         max_concurrent = None
         if "max_concurrent" in t:

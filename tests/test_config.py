@@ -281,6 +281,29 @@ def test_api_key_env_is_resolved_from_the_given_env(tmp_path: Path) -> None:
     assert (conn.api_key, conn.api_key_env) == ("sk-from-env-9876", "MY_KEY")
 
 
+@pytest.mark.parametrize(
+    ("line", "env"),
+    [
+        ('api_key_env = "MY_KEY"\n', {"MY_KEY": "sk-from-env-5555\n"}),  # an EnvironmentFile's newline
+        ('api_key_env = "MY_KEY"\n', {"MY_KEY": "sk-from-env-5555\r"}),
+        ('api_key = "sk-inline-5555\\n"\n', {}),
+        ('api_key = "sk-inline 5555"\n', {}),
+        ('api_key = "sk-inline-5555\u00e9"\n', {}),
+    ],
+)
+def test_a_key_that_cannot_go_in_a_header_is_refused_by_name_and_never_shown(
+    tmp_path: Path, line: str, env: dict[str, str]
+) -> None:
+    """It is sent as a header value: a trailing newline made every request on the connection fail
+    with a 500, while `config check` said OK."""
+    path = write(tmp_path, MINIMAL_PROVIDER + line)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env)
+    text = str(info.value)
+    assert "connection 'openai-main': the key holds" in text
+    assert "5555" not in text
+
+
 def test_unset_api_key_env_gives_no_key_and_a_warning(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "MY_KEY"\n')
     config = load_config(path, {"MY_KEY": ""})
