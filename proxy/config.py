@@ -61,13 +61,28 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 # Ids end up in URLs (/api/resilience/connections/{id}/reset), in `provider/model` targets and in
 # `provider:connection:model` lockout keys, so '/', ':' and whitespace are kept out of them.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_KEY_RE = re.compile(r"[\x21-\x7e]+")
-"""What an upstream API key may hold: it goes out as a header value."""
+_SECRET_RE = re.compile(r"[\x21-\x7e]+")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _TOML_ERROR_RE = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.DOTALL)
 _CLASS_CHOICES: tuple[ProviderClass, ...] = ("local", "apikey", "oauth")
 _STRATEGIES: tuple[ComboStrategy, ...] = ("priority", "round-robin")
+
+UNSENDABLE_SECRET = (
+    "holds a space, a control character (a trailing newline?) or a non-ASCII character; "
+    "it is sent in a header and must be printable ASCII"
+)
+
+
+def sendable_secret(secret: str) -> bool:
+    """Whether a key or token can travel as an HTTP header value as it is.
+
+    A trailing newline from a secrets file or an EnvironmentFile is the usual way to fail this:
+    such a key makes every request that sends it fail, such a token locks every client out.
+    """
+    return _SECRET_RE.fullmatch(secret) is not None
+
+
 _TIMEOUT_RANGE = (1, 3_600_000)
 
 
@@ -725,7 +740,18 @@ class _Reader:
             self.inline_secrets.append("server.management_token")
         if server.api_keys:
             self.inline_secrets.append("server.api_keys")
-        return _with_env_token(server, self.env)
+        # Clients send these in a header; one that cannot travel there is refused by name, not shown.
+        for i, key in enumerate(server.api_keys):
+            if not sendable_secret(key):
+                self.problem(f"{w}.api_keys[{i}]", f"the key {UNSENDABLE_SECRET}")
+        server = _with_env_token(server, self.env)
+        if server.management_token and not sendable_secret(server.management_token):
+            from_env = self.env.get(MANAGEMENT_TOKEN_ENV)
+            self.problem(
+                MANAGEMENT_TOKEN_ENV if from_env else f"{w}.management_token",
+                f"the token {UNSENDABLE_SECRET}",
+            )
+        return server
 
     def hosts(self, t: Mapping[str, Any], w: str) -> tuple[str, ...]:
         """`allowed_hosts`: names or addresses a `Host` header may carry (any port)."""
@@ -891,15 +917,10 @@ class _Reader:
                 self.warnings.append(
                     f"{w}.api_key_env: {api_key_env} is not set, so connection '{cid}' sends no key"
                 )
-        if resolved is not None and not _KEY_RE.fullmatch(resolved):
-            # Sent as a header value: a newline from a secrets file or an EnvironmentFile would make
-            # every request on this connection fail. Named, never shown (it is a secret).
+        if resolved is not None and not sendable_secret(resolved):
+            # Named, never shown: it is a secret.
             where = f"{w}.api_key" if api_key is not None else f"{w}.api_key_env ({api_key_env})"
-            self.problem(
-                where,
-                f"connection '{cid}': the key holds a space, a control character (a trailing newline?) "
-                "or a non-ASCII character; an API key is sent in a header and must be printable ASCII",
-            )
+            self.problem(where, f"connection '{cid}': the key {UNSENDABLE_SECRET}")
 
         max_concurrent = None
         if "max_concurrent" in t:

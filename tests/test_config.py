@@ -304,6 +304,30 @@ def test_a_key_that_cannot_go_in_a_header_is_refused_by_name_and_never_shown(
     assert "5555" not in text
 
 
+@pytest.mark.parametrize(
+    ("text", "env", "where"),
+    [
+        ('[server]\nmanagement_token = "t0ken-5555\\r"\n', {}, "server.management_token"),
+        ("", {"OMNIROUTE_MANAGEMENT_TOKEN": "t0ken-5555\r\n"}, "OMNIROUTE_MANAGEMENT_TOKEN"),
+        ('[server]\nmanagement_token = "t0ken 5555"\n', {}, "server.management_token"),
+        ('[server]\napi_keys = ["good-key-1", "sk-5555\\n"]\n', {}, "server.api_keys[1]"),
+        ('[server]\napi_keys = ["sk-5555\u00e9"]\n', {}, "server.api_keys[0]"),
+    ],
+)
+def test_a_server_secret_no_client_can_send_is_refused_by_name_and_never_shown(
+    tmp_path: Path, text: str, env: dict[str, str], where: str
+) -> None:
+    """A client sends the management token and the API keys in a header, where a trailing newline or
+    a space cannot travel: a token with one locked every client out of the management API, while
+    `config check` said OK."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env)
+    text = str(info.value)
+    assert where in text and "printable ASCII" in text
+    assert "5555" not in text
+
+
 def test_unset_api_key_env_gives_no_key_and_a_warning(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "MY_KEY"\n')
     config = load_config(path, {"MY_KEY": ""})

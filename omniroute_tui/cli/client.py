@@ -53,6 +53,8 @@ def resolve_target(
     address, or the one an instance on this machine's state file wrote into its lock. It is never
     sent to a URL given by hand.
     """
+    if token:
+        _check_token(token, env)
     if url:
         url = url.strip().rstrip("/")
         problem = check_url(url)
@@ -81,6 +83,16 @@ def resolve_target(
         if parts.hostname is not None and parts.port is not None:
             return Target(_address(parts.hostname, parts.port), token or server.management_token)
     return Target(_address(server.host, server.port), token or server.management_token)
+
+
+def _check_token(token: str, env: Mapping[str, str]) -> None:
+    """Exit 2 for a token no header can carry (a token file saved with CRLF), before anything is
+    sent: httpx would refuse it in words that show it, or the instance would refuse it (exit 4)."""
+    from proxy.config import MANAGEMENT_TOKEN_ENV, UNSENDABLE_SECRET, sendable_secret
+
+    if not sendable_secret(token):
+        source = MANAGEMENT_TOKEN_ENV if token == env.get(MANAGEMENT_TOKEN_ENV) else "--token"
+        raise InvalidValue(f"{source} {UNSENDABLE_SECRET}")
 
 
 def _address(host: str, port: int) -> str:

@@ -215,6 +215,28 @@ def test_2_an_unusable_url_from_the_environment_says_where_it_came_from() -> Non
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "source"),
+    [
+        (["status"], {"OMNIROUTE_MANAGEMENT_TOKEN": TOKEN + "\r"}, "OMNIROUTE_MANAGEMENT_TOKEN"),
+        (["breakers", "--token", TOKEN + "\u00e9"], {}, "--token"),
+        (["tui", "--token", TOKEN + " x"], {}, "--token"),
+    ],
+)
+def test_2_a_token_no_header_can_carry_is_named_before_anything_is_sent_and_never_shown(
+    secured: Instance, args: list[str], env: dict[str, str], source: str
+) -> None:
+    """A token file saved with CRLF: the instance is up, yet the answer was "no omniroute instance"
+    (exit 3) with the token printed in httpx's words; a non-ASCII one was blamed on --url."""
+    result = run(*args, "--url", secured.url, env=env)
+    assert result.code == 2
+    assert one_line(result) == (
+        f"{source} holds a space, a control character (a trailing newline?) or a non-ASCII character;"
+        " it is sent in a header and must be printable ASCII"
+    )
+    assert TOKEN not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("url", ["https://omniroute.example:443", "http://[::1]:20128", "http://localhost"])
 def test_a_usable_url_passes_the_check(url: str) -> None:
     from omniroute_tui.cli.client import check_url
