@@ -317,14 +317,15 @@ def _x_api_key_matches(headers: dict[bytes, bytes], secrets: list[bytes]) -> boo
     return matched
 
 
+_CHALLENGE: Final = (b"www-authenticate", b'Bearer realm="omniroute"')
+"""Both tokens (the management token, an API key) go as `Authorization: Bearer`."""
+
+
 async def _answer(send: Send, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append(_CHALLENGE)  # a 401 says how to authenticate (RFC 9110, "401 Unauthorized")
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -455,7 +455,10 @@ def _proxy_op(summary: str) -> Schema:
             "content": {"application/json": {}, "text/event-stream": {}},
         },
         errors={
-            "400": _error("not JSON, not an object, or no `model` (`invalid_json`, `invalid_request`, `missing_model`)"),
+            "400": _error(
+                "not JSON, not an object, no `model`, or a `stream` that is not a boolean"
+                " (`invalid_json`, `invalid_request`, `missing_model`, `invalid_stream`)"
+            ),
             "401": _GUARDED_V1,
             "404": _error("no such model or connection (`model_not_found`, `connection_not_found`)"),
             "413": _error("body larger than 32 MiB (`request_too_large`)"),

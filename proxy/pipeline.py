@@ -339,7 +339,13 @@ class Pipeline:
             except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
                 response = error_response(400, "request body is nested too deeply", "invalid_json")
                 return response
-            stream = endpoint != "embeddings" and body.get("stream") is True
+            asked = body.get("stream")
+            if asked is not None and type(asked) is not bool:
+                # "yes", 1, "false": which one the client meant is a guess, and a wrong one is a
+                # stream its parser cannot read, or a wait for an answer it will not get.
+                response = error_response(400, "`stream` must be true or false", "invalid_stream")
+                return response
+            stream = asked is True and endpoint != "embeddings"
             if record is not None:
                 record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
             # The parsed document is done with: let its objects (a coding agent's: thousands) go now,

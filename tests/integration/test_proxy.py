@@ -851,6 +851,10 @@ def untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy,
         (b'{"model": ""}', 400, "missing_model"),
         (b'{"model": ["loc/m1"]}', 400, "missing_model"),
         (b'{"model": "nope/m1"}', 404, "model_not_found"),
+        # A stream asked for in words: neither quietly a stream nor quietly not one.
+        (b'{"model": "loc/m1", "stream": "yes"}', 400, "invalid_stream"),
+        (b'{"model": "loc/m1", "stream": 1}', 400, "invalid_stream"),
+        (b'{"model": "loc/m1", "stream": "false"}', 400, "invalid_stream"),
         (b'{"model": "not-listed-anywhere"}', 404, "model_not_found"),
         # The same mistakes in bodies as large as a coding agent's (read by another parser):
         pytest.param(
