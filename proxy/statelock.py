@@ -12,6 +12,9 @@ then): the second instance quotes it, and `omniroute status` finds the running i
 in it. The file is never deleted: with a deleted lock file, a third process could lock a new file
 under the same name while a second still holds the old one.
 
+The database file itself is locked too (`_lock_the_file`): a hard link gives it another name, with
+a lock file of its own beside that name.
+
 Only the standard library is imported here: the CLI's read commands use `running_owner`.
 """
 
@@ -28,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Owner", "StateInUse", "StateLock", "lock_path", "running_owner"]
+__all__ = ["HardLinked", "Owner", "StateInUse", "StateLock", "lock_path", "running_owner"]
 
 ACQUIRE_PATIENCE_S = 0.5
 """How long a start retries a held lock: `running_owner` holds a shared lock for microseconds to
@@ -40,7 +43,7 @@ def lock_path(state_path: Path) -> Path:
     """`state.db` → `state.db.lock`, in the same directory: the file's own, with symbolic links
     followed (of the file or of a directory on the way), so that every name of one state file
     that a link makes leads to one lock. (A hard link is another name for the same inode in a
-    directory entry of its own: its lock file is its own, which this does not catch.)"""
+    directory entry of its own: its lock file is its own; the lock on the file itself catches it.)"""
     real = state_path.resolve()
     return real.with_name(real.name + ".lock")
 
@@ -95,9 +98,10 @@ class StateInUse(Exception):
 class StateLock:
     """The held lock; `release()` (or leaving the `with` block) gives it up. Process exit does too."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, file_fd: int | None = None) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._file_fd = file_fd
 
     @classmethod
     def acquire(cls, state_path: Path, *, url: str, version: str) -> StateLock:
@@ -121,12 +125,13 @@ class StateLock:
                 "version": version,
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
             }
+            file_fd = _lock_the_file(state_path)
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
         except BaseException:
             os.close(fd)  # closing drops the lock if we took it
             raise
-        return cls(path, fd)
+        return cls(path, fd, file_fd)
 
     def release(self) -> None:
         """Idempotent. The owner record is cleared first, so the file never names a stopped instance."""
@@ -136,12 +141,53 @@ class StateLock:
         with contextlib.suppress(OSError):  # the lock goes with the descriptor either way
             os.ftruncate(fd, 0)
         os.close(fd)
+        file_fd, self._file_fd = self._file_fd, None
+        if file_fd is not None:
+            os.close(file_fd)
 
     def __enter__(self) -> StateLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class HardLinked(StateInUse):
+    """Another process holds the state file under another name (a hard link): its lock file is
+    beside that name, so who it is cannot be read here."""
+
+    def __init__(self, state_path: Path) -> None:
+        self.state_path = state_path
+        self.owner = Owner(None, None, None, None)
+        Exception.__init__(
+            self,
+            f"{state_path} is in use by another omniroute instance, under another name for the same"
+            " file (a hard link); stop that instance first, or give this one another state file"
+            " (--state or OMNIROUTE_STATE)",
+        )
+
+
+def _lock_the_file(state_path: Path) -> int | None:
+    """Lock the database file itself too, for the name a hard link gives it: another directory
+    entry for the same file, with a lock file of its own beside it (and SQLite would keep a
+    write-ahead log of its own beside it too). An `flock` on the file is a lock on the file,
+    whatever its name; SQLite's own locks are `fcntl` locks, which `flock` does not meet. Raises
+    HardLinked when another process holds it; None (no second lock) when the file cannot be opened
+    here: the database then says why it cannot be opened, in its own words."""
+    try:
+        fd = os.open(state_path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError:
+        return None
+    try:
+        deadline = time.monotonic() + ACQUIRE_PATIENCE_S
+        while not _try_lock(fd, exclusive=True):
+            if time.monotonic() >= deadline:
+                raise HardLinked(state_path)
+            time.sleep(_RETRY_S)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def running_owner(state_path: Path) -> Owner | None:

@@ -183,6 +183,31 @@ def test_a_symlink_to_a_held_state_file_is_the_same_state_file(tmp_path: Path) -
         assert status.returncode == 0, status.stderr
 
 
+def test_a_hard_link_to_a_held_state_file_is_the_same_state_file(tmp_path: Path) -> None:
+    """A hard link is another name for the same file, with a lock file of its own beside it: the
+    second instance started, with a write-ahead log of its own beside the same database."""
+    state = tmp_path / "state.db"
+    (tmp_path / "elsewhere").mkdir()
+    hard = tmp_path / "elsewhere" / "hard.db"
+    with serving(tmp_path, state) as first:
+        os.link(state, hard)
+        result = run(
+            ["--config", str(first.config), "--state", str(hard), "--port", str(free_port())],
+            tmp_path,
+            timeout=30,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"omniroute: {hard} is in use by another omniroute instance, under another name for the"
+            " same file (a hard link); stop that instance first, or give this one another state file"
+            " (--state or OMNIROUTE_STATE)\n"
+        )
+        assert not (tmp_path / "elsewhere" / "hard.db-wal").exists()  # nothing was opened in it
+    # Once the first has stopped, the other name serves.
+    with serving(tmp_path, hard, "second") as second:
+        assert httpx.get(second.url + "/api/monitoring/health", timeout=5).status_code == 200
+
+
 def test_a_lock_never_outlives_its_process(tmp_path: Path) -> None:
     """kill -9 leaves no stale lock: the kernel drops it with the process."""
     state = tmp_path / "state.db"
