@@ -113,6 +113,7 @@ class StateLock:
         path = lock_path(state_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        file_fd = None
         try:
             deadline = time.monotonic() + ACQUIRE_PATIENCE_S
             while not _try_lock(fd, exclusive=True):
@@ -130,6 +131,8 @@ class StateLock:
             os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
         except BaseException:
             os.close(fd)  # closing drops the lock if we took it
+            if file_fd is not None:
+                os.close(file_fd)
             raise
         return cls(path, fd, file_fd)
 
