@@ -105,7 +105,7 @@ class StateLock:
 
     @classmethod
     def acquire(cls, state_path: Path, *, url: str, version: str) -> StateLock:
-        """Lock `state_path`'s lock file and write who holds it.
+        """Lock `state_path`'s lock file and the database file itself, and write who holds it.
 
         StateInUse when another process holds it; OSError when the lock file cannot be created
         or written (its directory is not writable, the disk is full).
@@ -115,11 +115,8 @@ class StateLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         file_fd = None
         try:
-            deadline = time.monotonic() + ACQUIRE_PATIENCE_S
-            while not _try_lock(fd, exclusive=True):
-                if time.monotonic() >= deadline:
-                    raise StateInUse(state_path, Owner.parse(_read(fd)))
-                time.sleep(_RETRY_S)
+            if not _lock_patiently(fd):
+                raise StateInUse(state_path, Owner.parse(_read(fd)))
             owner = {
                 "pid": os.getpid(),
                 "url": url,
@@ -182,15 +179,22 @@ def _lock_the_file(state_path: Path) -> int | None:
     except OSError:
         return None
     try:
-        deadline = time.monotonic() + ACQUIRE_PATIENCE_S
-        while not _try_lock(fd, exclusive=True):
-            if time.monotonic() >= deadline:
-                raise HardLinked(state_path)
-            time.sleep(_RETRY_S)
+        if not _lock_patiently(fd):
+            raise HardLinked(state_path)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _lock_patiently(fd: int) -> bool:
+    """Take `fd`'s exclusive lock, retrying for ACQUIRE_PATIENCE_S; False when it stays held."""
+    deadline = time.monotonic() + ACQUIRE_PATIENCE_S
+    while not _try_lock(fd, exclusive=True):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_RETRY_S)
+    return True
 
 
 def running_owner(state_path: Path) -> Owner | None:
