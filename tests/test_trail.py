@@ -364,15 +364,26 @@ def _served(trail: Trail, engine: Engine, clock: FakeClock, n: int, ms: float, s
     trail.end(record, status)  # what the client got: an error counts as one
 
 
-@settings(max_examples=60, deadline=None)
+_USAGES = st.one_of(
+    st.none(),
+    st.tuples(st.integers(0, 5000), st.integers(0, 5000), st.integers(0, 10_000)),
+    st.tuples(st.none(), st.integers(0, 5000), st.none()),  # an answer that said its output only
+)
+
+
+@settings(max_examples=100, deadline=None)
 @given(
     steps=st.lists(
         st.one_of(
             st.tuples(
                 st.just("request"),
                 st.sampled_from((0.0, 40.0, 900.0, 4_990.0, 61_000.0, 400_000.0)),  # the pause before it
-                st.floats(1, 20_000),
-                st.sampled_from((200, 200, 200, 500)),
+                # many to a bucket (tenths of a millisecond: sums that round), or few
+                st.one_of(st.integers(10, 400).map(lambda k: k / 10), st.floats(1, 20_000)),
+                st.sampled_from((200, 200, 200, 500, 499)),
+                st.sampled_from(("c1", "c1", "c2", None)),  # None: it reached no upstream
+                st.one_of(st.none(), st.floats(0, 1)),  # a stream's first byte, as a share of its time
+                _USAGES,
             ),
             st.tuples(st.just("read"), st.sampled_from(("1m", "5m", "15m"))),
         ),
@@ -385,37 +396,43 @@ def test_statistics_taken_in_batches_read_as_if_each_request_were_added_at_its_e
     """The trail adds finished requests to its statistics FOLD_BATCH at a time; whenever they are
     read, they must hold every request that ended, each in the bucket of its own end, exactly as
     statistics that took each one when it ended (`reference`) hold them: across bucket boundaries,
-    windows passing by and reads between batches."""
+    windows passing by and reads between batches, on either connection or none, for streams,
+    usage, failures and clients gone, to the last bit of every sum."""
     clock = FakeClock(T0)
-    trail, engine = _trail(clock)
+    trail, _ = _trail(clock)
     reference = TrafficStats({"p": ["c1", "c2"]})
     for n, step in enumerate(steps):
-        if step[0] == "request":
-            _, pause, ms, status = step
-            assert isinstance(pause, float) and isinstance(ms, float) and isinstance(status, int)
-            clock.advance(pause)
-            started = clock.now()
-            _served(trail, engine, clock, n, ms, status)
-            last = trail.views(limit=None)[-1].attempts[-1]
-            reference.add(
-                "p",
-                last.connection_id,
-                clock.now(),
-                clock.now() - started,
-                status >= 400,
-                status,
-                None,
-                None,
-                None,
-            )
-        else:
+        if step[0] == "read":
             window = step[1]
             assert isinstance(window, str)
             assert trail.stats.report(window, clock.now()) == reference.report(window, clock.now())
+            continue
+        _, pause, ms, status, connection, first, usage = step
+        assert isinstance(pause, float) and isinstance(ms, float) and isinstance(status, int)
+        clock.advance(pause)
+        started = clock.now()
+        record = trail.begin(f"r{n}", "127.0.0.1", "chat")
+        clock.advance(ms)
+        ttft = None if first is None else ms * first  # type: ignore[operator]
+        if connection is not None:
+            record.attempts.append(("p/m", "p", connection, started, ms, status, "ok", "ok"))  # type: ignore[arg-type]
+            record.ttft_ms, record.usage = ttft, usage  # type: ignore[assignment]
+        if status == 499:
+            record.code = "client_disconnected"
+        trail.end(record, status)
+        took = clock.now() - started
+        if connection is None:
+            reference.add_unrouted(status)
+        else:
+            assert isinstance(connection, str)
+            generation = took - ttft if ttft is not None else None
+            reference.add("p", connection, clock.now(), took, status >= 400, status, ttft, usage, generation)  # type: ignore[arg-type]
     for window in WINDOWS:
         assert trail.stats.report(window, clock.now()) == reference.report(window, clock.now())
     assert trail.stats.by_status() == reference.by_status()
+    assert trail.stats.unrouted == reference.unrouted
     assert trail.stats_rows(clock.now()) == reference.rows(clock.now())
+    assert [trail.stats.all_time(p) for p in "p"] == [reference.all_time("p")]
 
 
 def test_the_request_path_leaves_the_statistics_alone_until_a_batch_is_full() -> None:
