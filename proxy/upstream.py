@@ -14,6 +14,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -330,7 +331,11 @@ class UpstreamClient:
         if deadlines.timer is None or deadline < deadlines.at:
             deadlines.arm(deadline)
         try:
-            response = await self._session.request(method, target, data=body, headers=headers)
+            # Redirects are not followed: a key, the provider's headers and (on a 307) the prompt go
+            # only where base_url points, never wherever an upstream names.
+            response = await self._session.request(
+                method, target, data=body, headers=headers, allow_redirects=False
+            )
         except asyncio.CancelledError as exc:
             if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
@@ -342,8 +347,33 @@ class UpstreamClient:
         finally:
             if deadlines.pending.pop(task, None) is None:  # (`_Deadlines.discard`, inline)
                 deadlines.passed_tasks.discard(task)
+        if 300 <= response.status < 400:
+            location = response.headers.get("location")
+            response.close()
+            raise UpstreamFailure(Outcome.network(redirected(response.status, location)))
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000, deadlines, self.timeouts.idle_ms / 1000)
+
+
+REDIRECT_SHOWN = 120
+"""The most of a redirect's target a failure's words show."""
+
+
+def redirected(status: int, location: str | None) -> str:
+    """A redirect in words, with where it pointed (no user name, password or query, where a key may
+    hide): the likely fix is base_url set to that address."""
+    where = ""
+    if location:
+        parts = urlsplit(location.strip())
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        shown = urlunsplit((parts.scheme, host, parts.path, "", ""))
+        if len(shown) > REDIRECT_SHOWN:
+            shown = shown[: REDIRECT_SHOWN - 1] + "…"
+        where = f" to {shown}"
+    return f"answered {status}, a redirect{where}: not followed (a key goes only to base_url)"
+
 
 
 class _Deadlines:

@@ -303,3 +303,39 @@ def test_a_key_the_upstream_escapes_its_own_way_leaves_by_no_door(
     texts = [t for text in seen for t in _strings(text)] + [r.getMessage() for r in caplog.records]
     assert [t for t in texts if any(form in t for form in ODD_FORMS)] == []
     assert any("Incorrect API key provided: ***" in t for t in texts)
+
+
+def test_an_upstream_redirect_is_not_followed_so_no_key_or_prompt_goes_anywhere_else(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A key goes only where `base_url` points. An upstream that answers with a redirect (a base_url
+    written `http://` for an `https://` service, a compromised or misconfigured server) would have
+    the key in its header, the provider's headers and, on a 307, the prompt sent on to wherever it
+    names: the redirect is a failed attempt instead (the next target serves), said in words that
+    tell the operator where it pointed, without the query a key may hide in."""
+    one, two, elsewhere = upstreams("one"), upstreams("two"), upstreams("elsewhere")
+    config_text = (
+        f'[providers.one]\nclass = "apikey"\nbase_url = "{one.url}"\nauth = "x-api-key"\nrate_limit = false\n\n'
+        f'[[providers.one.connections]]\nid = "one-1"\napi_key = "{KEY_A}"\n\n'
+        f'[providers.two]\nclass = "apikey"\nbase_url = "{two.url}"\nrate_limit = false\n\n'
+        f'[[providers.two.connections]]\nid = "two-1"\napi_key = "{KEY_B}"\n\n'
+        '[combos.duo]\nstrategy = "priority"\ntargets = ["one/m1", "two/m1"]\n'
+    )
+    proxy = launch(config_text, settings={"connectionCooldown": {"apikey": {"baseCooldownMs": 0}}})
+    away = f"{elsewhere.url}/chat/completions?key={KEY_A}"
+    one.fake.script(
+        Reply("json", status=307, body={}, headers={"location": away}),
+        Reply("json", status=301, body={}, headers={"location": away}),
+    )
+    served = proxy.http.post(CHAT_PATH, json=chat("duo"))
+    assert served.status_code == 200, served.text
+    assert served.headers["x-omniroute-selected-connection-id"] == "two-1"
+    proxy.rt.engine.reset_connection("one-1")
+    refused = proxy.http.post(CHAT_PATH, json=chat("one/m1"))
+    assert refused.status_code == 502, refused.text
+    assert "redirect" in refused.text and f"{elsewhere.url}/chat/completions" in refused.text
+    assert elsewhere.fake.requests == []
+    assert len(one.calls()) == 2
+    proxy.settled()
+    texts = [refused.text] + [proxy.http.get(p).text for p in ("/api/requests", "/api/events")]
+    assert [t for t in texts if KEY_A in t] == []
