@@ -456,8 +456,9 @@ def _proxy_op(summary: str) -> Schema:
         },
         errors={
             "400": _error(
-                "not JSON, not an object, no `model`, or a `stream` that is not a boolean"
-                " (`invalid_json`, `invalid_request`, `missing_model`, `invalid_stream`)"
+                "not JSON, not an object, no `model` (or one no model is named: over 256 characters),"
+                " or a `stream` that is not a boolean"
+                " (`invalid_json`, `invalid_request`, `missing_model`, `invalid_model`, `invalid_stream`)"
             ),
             "401": _GUARDED_V1,
             "404": _error("no such model or connection (`model_not_found`, `connection_not_found`)"),

@@ -53,6 +53,8 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
     model = body.get("model")
     if not isinstance(model, str) or not model or not untrusted.is_text(model):
         return error_response(400, "`model` is required and must be a string", "missing_model")
+    if len(model) > untrusted.MODEL_LIMIT:
+        return error_response(400, untrusted.MODEL_TOO_LONG, "invalid_model")
     route = await runtime.router.resolve(model)
     if route is None:
         return error_response(

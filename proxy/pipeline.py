@@ -325,6 +325,9 @@ class Pipeline:
             if not isinstance(model, str) or not model:
                 response = error_response(400, "`model` is required and must be a string", "missing_model")
                 return response
+            if len(model) > untrusted.MODEL_LIMIT:
+                response = error_response(400, untrusted.MODEL_TOO_LONG, "invalid_model")
+                return response
             if not model.isascii() and not untrusted.is_text(model):
                 # A name is looked up, locked, logged and stored: it must be text UTF-8 can hold. (The
                 # messages may hold any JSON string: they are only passed on.)

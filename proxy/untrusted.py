@@ -23,10 +23,25 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["ECHO_LIMIT", "NOT_JSON", "Unsendable", "dumps", "echo", "is_text", "loads", "read_answer"]
+__all__ = [
+    "ECHO_LIMIT",
+    "MODEL_LIMIT",
+    "NOT_JSON",
+    "Unsendable",
+    "dumps",
+    "echo",
+    "is_text",
+    "loads",
+    "read_answer",
+]
 
 ECHO_LIMIT: Final = 200
 """The most characters of a client's input that any answer quotes back."""
+MODEL_LIMIT: Final = 256
+"""The longest `model` a request may name. A name is kept (the request trail, lockouts, the log,
+the state file): one of megabytes, which a body of up to 32 MiB can hold, names no model and would
+be kept whole in every one of them."""
+MODEL_TOO_LONG: Final = f"`model` is longer than {MODEL_LIMIT} characters; no model is named so"
 
 
 def _no_constant(name: str) -> Any:

@@ -375,7 +375,6 @@ def redirected(status: int, location: str | None) -> str:
     return f"answered {status}, a redirect{where}: not followed (a key goes only to base_url)"
 
 
-
 class _Deadlines:
     """Tasks to cancel when their deadline (loop time) passes, behind one loop timer.
 

@@ -391,6 +391,17 @@ def test_count_tokens_counts_against_no_layer(
     assert proxy.breaker("claude")["failureCount"] == 0
 
 
+def test_count_tokens_refuses_a_model_name_no_model_has(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    up = upstreams("claude-up")
+    proxy = launch(claude("claude", up.url, "key-a"))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        anthropic_client(proxy).messages.count_tokens(model="claude/" + "s" * 1_000_000, messages=USER)
+    assert "longer than 256 characters" in str(caught.value)
+    assert up.fake.requests == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The whole program
 

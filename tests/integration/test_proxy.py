@@ -851,6 +851,11 @@ def untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy,
         (b'{"model": ""}', 400, "missing_model"),
         (b'{"model": ["loc/m1"]}', 400, "missing_model"),
         (b'{"model": "nope/m1"}', 404, "model_not_found"),
+        # A name is kept (the trail, lockouts, the log, the state file): one of megabytes is no name.
+        pytest.param(b'{"model": "loc/' + b"m" * 253 + b'"}', 400, "invalid_model", id="model-257-chars"),
+        pytest.param(
+            b'{"model": "nope/' + b"m" * 8_000_000 + b'"}', 400, "invalid_model", id="model-of-megabytes"
+        ),
         # A stream asked for in words: neither quietly a stream nor quietly not one.
         (b'{"model": "loc/m1", "stream": "yes"}', 400, "invalid_stream"),
         (b'{"model": "loc/m1", "stream": 1}', 400, "invalid_stream"),
@@ -872,6 +877,12 @@ def untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy,
         ),
         pytest.param(
             b'{"model": "loc/m1", "pad": "' + PAD + b'", "x": NaN}', 400, "invalid_json", id="large-nan"
+        ),
+        pytest.param(
+            b'{"model": "loc/' + b"m" * 300 + b'", "pad": "' + PAD + b'"}',
+            400,
+            "invalid_model",
+            id="large-long-model",
         ),
     ],
 )
