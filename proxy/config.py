@@ -220,13 +220,24 @@ class Config:
 
     def secrets(self) -> list[str]:
         """Every secret the file configures (or the environment supplies): upstream keys, client
-        api_keys, the management token. None of them may appear in what the program shows."""
+        api_keys, the management token, and a provider header named like a credential (Azure
+        OpenAI's `api-key`, an `X-Auth-Token`). None of them may appear in what the program shows."""
         server = self.server
         keys = [c.api_key for c in self._by_id.values() if c.api_key]
+        keys += [
+            value
+            for provider in self.providers.values()
+            for name, value in provider.headers.items()
+            if _CREDENTIAL_HEADER.search(name)
+        ]
         token = [server.management_token] if server.management_token else []
         # A Redis URL may carry its password (redis://:pw@host): it is a secret like the others.
         redis_password = urlsplit(self.state.backend).password if self.state.shared else None
         return [*keys, *server.api_keys, *token, *([redis_password] if redis_password else [])]
+
+
+_CREDENTIAL_HEADER = re.compile(r"key|token|secret|auth|password|credential|cookie", re.IGNORECASE)
+"""A header name that says its value is a credential (`api-key`, `X-Auth-Token`, `Authorization`)."""
 
 
 @dataclass(frozen=True, slots=True)

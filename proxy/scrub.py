@@ -8,7 +8,8 @@ client) goes through `Scrubber` first, which replaces with `REDACTED`:
 - every configured secret (the connections' API keys, `server.api_keys`, the management token),
   as written and however a JSON encoder may escape it: each character as itself, as `\uXXXX`
   (either case), or as its short escape (`\"`, `\\`, `\/`), in any mix: Python escapes `"`
-  and `\`, PHP also `/`, Go `<`, `>` and `&`, and an encoder may escape every character;
+  and `\`, PHP also `/`, Go `<`, `>` and `&`, and an encoder may escape every character; and
+  percent-encoded, as an upstream quoting the URL it was sent writes it (`%2F`, `%2f`);
 - anything shaped like a credential: `Bearer <token>`, and `sk-...` keys (`sk-ant-...`, `sk-proj-...`).
 
 The shapes are applied only to error text: a successful answer (a completion, a stream's content)
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Final
+from urllib.parse import quote
 
 __all__ = ["MIN_SECRET_LENGTH", "REDACTED", "Scrubber", "StreamScrubber", "scrub_shapes"]
 
@@ -67,7 +69,15 @@ class Scrubber:
         # (`\u`, `\/`): every other way of writing a secret holds one (a secret has no control
         # characters). Only content where one is found is searched with the pattern for every
         # mix of escapes, which costs several times more.
-        usual = b"|".join([*(_escaped_usual_ways(s).encode() for s in ordered), rb"\\[u/]"])
+        # (and as URL encoders write it: `%2F` for `/`)
+        percent = [form for s in ordered for form in _percent_forms(s)]
+        usual = b"|".join(
+            [
+                *(_escaped_usual_ways(s).encode() for s in ordered),
+                *(re.escape(f).encode() for f in percent),
+                rb"\\[u/]",
+            ]
+        )
         self._bytes = re.compile(usual) if ordered else None
         # The same search as substring tests, when the secrets are few and hold no `"` or `\`
         # (which encoders write two ways): `in` scans at memchr's speed, where the regex engine
@@ -75,7 +85,7 @@ class Scrubber:
         # answer with two keys against 1.1 µs).
         self._literals: tuple[bytes, ...] | None = None
         if ordered and len(ordered) <= _LITERALS_UP_TO and not any('"' in s or "\\" in s for s in ordered):
-            self._literals = tuple(s.encode() for s in ordered)
+            self._literals = tuple(s.encode() for s in [*ordered, *percent])
 
     def __call__(self, text: str) -> str:
         """Error text: the configured secrets and every credential shape replaced."""
@@ -132,6 +142,8 @@ def _escaped_any_way(secret: str) -> str:
     for char in secret:
         # Longest first: a secret ending in `\` must take `\u005c` whole, not its backslash alone.
         forms = ["".join(_unicode_escape(unit) for unit in _utf16(char))]
+        if not char.isalnum() or not char.isascii():  # (what URL encoders encode)
+            forms.append("".join(_percent_escape(byte) for byte in char.encode("utf-8", "surrogatepass")))
         if char in _SHORT_ESCAPES:
             forms.append(re.escape(_SHORT_ESCAPES[char]))
         forms.append(re.escape(char))
@@ -150,6 +162,23 @@ def _escaped_usual_ways(secret: str) -> str:
 
 def _escaped_any_way_bytes(secrets: list[str]) -> bytes:
     return "|".join(map(_escaped_any_way, secrets)).encode()
+
+
+def _percent_forms(secret: str) -> list[str]:
+    """`secret` as URL encoders write it, where that differs from it: every character but letters,
+    digits and `-._~` percent-encoded, or all but `/` too, in upper- and lower-case hex."""
+    forms: set[str] = set()
+    for safe in ("", "/"):
+        encoded = quote(secret, safe=safe, errors="surrogatepass")
+        if encoded != secret:
+            forms.add(encoded)
+            forms.add(re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(), encoded))
+    return sorted(forms, key=len, reverse=True)
+
+
+def _percent_escape(byte: int) -> str:
+    """A pattern for `%XX` of one byte, its hex digits in either case."""
+    return "%" + "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{byte:02x}")
 
 
 def _unicode_escape(unit: int) -> str:

@@ -768,3 +768,19 @@ def test_loopback_names_and_addresses() -> None:
         "[::1]x",
         "::1",
     ]
+
+
+def test_a_key_in_a_providers_headers_is_a_secret_like_the_others(tmp_path: Path) -> None:
+    """Some services take their key in a header of their own (Azure OpenAI's `api-key`), which only
+    `[providers.<id>.headers]` can send: a header named like a credential holds a secret, which the
+    scrubber must know, while an organisation id or an API version stays plain text."""
+    path = write(
+        tmp_path,
+        '[providers.az]\nclass = "apikey"\nbase_url = "https://az.example.com/openai"\n\n'
+        '[providers.az.headers]\napi-key = "AzureSecretKey123456"\nX-Auth-Token = "tok-0123456789"\n'
+        'OpenAI-Organization = "org-abc12345"\napi-version = "2024-02-01"\n\n'
+        '[[providers.az.connections]]\nid = "az-1"\n',
+    )
+    secrets = load_config(path, {}).secrets()
+    assert "AzureSecretKey123456" in secrets and "tok-0123456789" in secrets
+    assert "org-abc12345" not in secrets and "2024-02-01" not in secrets

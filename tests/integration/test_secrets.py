@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -339,3 +341,65 @@ def test_an_upstream_redirect_is_not_followed_so_no_key_or_prompt_goes_anywhere_
     proxy.settled()
     texts = [refused.text] + [proxy.http.get(p).text for p in ("/api/requests", "/api/events")]
     assert [t for t in texts if KEY_A in t] == []
+
+
+URL_KEY = "Kx9/+=abcdEFGH1234secret"
+"""A key with characters a URL encodes (`/`, `+`, `=`): an upstream that quotes the URL or query it
+was sent writes them `%2F`, `%2B`, `%3D`."""
+URL_FORMS = (
+    quote(URL_KEY, safe=""),
+    re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(), quote(URL_KEY, safe="")),  # lower-case hex
+    quote(URL_KEY),  # `/` left as it is, as most URL encoders do
+    "Kx9%2F+%3dabcdEFGH1234secret",  # a mix
+)
+
+
+def test_a_key_an_upstream_url_encodes_leaves_by_no_door(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upstream that quotes the URL it was sent (`?key=...`) writes the key percent-encoded: found
+    in relayed errors, a success body, a stream's error event, the records, the connection's last
+    error, the events and the log, in upper- and lower-case hex and half-encoded."""
+    caplog.set_level(logging.INFO)
+    up = upstreams("url")
+    config_text = (
+        f'[providers.one]\nclass = "apikey"\nbase_url = "{up.url}"\nrate_limit = false\n\n'
+        f'[[providers.one.connections]]\nid = "one-1"\napi_key = "{URL_KEY}"\n'
+    )
+    proxy = launch(config_text, settings={"connectionCooldown": {"apikey": {"baseCooldownMs": 0}}})
+    unsubscribe = logs.log_events(proxy.rt.bus)
+
+    def error(form: str) -> str:
+        return '{"error": {"message": "bad key in https://x.example/v1?key=' + form + '", "type": "invalid"}}'
+
+    stream = (
+        'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+        f"data: {error(URL_FORMS[2])}\n\n"
+        "data: [DONE]\n\n"
+    )
+    json_type = {"content-type": "application/json"}
+    up.fake.script(
+        Reply("error", status=400, body=error(URL_FORMS[0]), headers=json_type),
+        Reply("error", status=400, body=error(URL_FORMS[3]), headers=json_type),
+        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "k=' + URL_FORMS[1] + '"}}]}',
+              headers=json_type),
+        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "k=' + URL_FORMS[2] + '"}}]}',
+              headers=json_type),
+        Reply("error", status=200, body=stream, headers={"content-type": "text/event-stream"}),
+        Reply("error", status=401, body=error(URL_FORMS[1])),
+    )  # fmt: skip
+    seen: list[str] = []
+    for _ in range(4):
+        seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
+        proxy.rt.engine.reset_connection("one-1")
+    with proxy.http.stream("POST", CHAT_PATH, json=chat("one/m1", stream=True)) as streamed:
+        seen.append("".join(streamed.iter_text()))
+    seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
+    assert len(up.calls()) == 6
+    proxy.settled()
+    for path in ("/api/requests", "/api/resilience/connections", "/api/events", "/api/monitoring/health"):
+        seen.append(proxy.http.get(path).text)
+    unsubscribe()
+    texts = [t for text in seen for t in _strings(text)] + [r.getMessage() for r in caplog.records]
+    assert [t for t in texts if any(form in t for form in URL_FORMS)] == []
+    assert any("?key=***" in t for t in texts) and any("k=***" in t for t in texts)
