@@ -699,6 +699,13 @@ class Pipeline:
                 media_type=scrub(content_type),
                 headers=passthrough_headers,
             )
+        elif len(raw) < MAX_ERROR_BODY:  # not all of it, and not for its size: it broke off
+            reply = error_response(
+                status,
+                f"{conn.spec.id}: {status_in} with an error body that broke off after {len(raw)} bytes, not relayed",
+                "upstream_error_incomplete",
+                headers=passthrough_headers,
+            )
         else:
             reply = error_response(
                 status,

@@ -259,6 +259,22 @@ def test_an_error_body_up_to_1_mib_is_relayed_whole(
     proxy.settled()
 
 
+def test_an_error_body_that_breaks_off_is_told_as_such_not_as_too_large(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A 400 whose body stops after a few bytes (here: stalls past the idle timeout) was answered
+    "an error body larger than 1 MiB": the operator looked for a huge body that never was."""
+    up = upstreams()
+    up.fake.default(Reply("drip", status=400, drip_bytes=9, delay_ms=5_000))
+    proxy = launch("[server]\nidle_timeout_ms = 300\n\n" + provider("loc", "local", up.url, "loc-1"))
+    response = proxy.chat("loc/m1")
+    error = error_of(response, 400)
+    assert error["code"] == "upstream_error_incomplete"
+    assert error["message"] == "loc-1: 400 with an error body that broke off after 9 bytes, not relayed"
+    up.fake.reset()
+    proxy.settled()
+
+
 def test_an_error_body_over_1_mib_is_a_well_formed_error_that_says_so(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
