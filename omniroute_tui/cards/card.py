@@ -3,7 +3,8 @@
 The card keeps three things: `base` (the values the draft started from), `live` (the runtime's
 values as last read) and the draft (what its fields show). `ctrl+s` sends only the fields the
 operator changed (draft against base) as one partial PATCH of the card's group, so a value changed
-elsewhere meanwhile (the CLI, the API) is never written back over; the runtime applies exactly the
+elsewhere meanwhile (the CLI, the API) is never written back over (one the operator edited too is
+written only by a second ctrl+s, after the first named it); the runtime applies exactly the
 checks `PATCH /api/resilience` (or `/api/settings`) applies, and an invalid draft changes nothing.
 Fields changed elsewhere since the draft began are named in the status line until the draft ends.
 `escape` reloads the live values; "Reset defaults" loads the schema defaults into the draft only.
@@ -131,6 +132,9 @@ class SettingsCard(Vertical):
         self._note = ""
         self._note_kind = ""
         self._editing: str | None = None
+        self._overwrite: frozenset[str] = frozenset()
+        """Fields edited here and changed elsewhere whose overwrite the operator was warned about
+        (a first ctrl+s names them and saves nothing; a second writes the operator's values)."""
         """The path of the field whose input has the focus (being typed into), if any."""
         self._status_text = ""
         self.border_title = spec.title
@@ -208,6 +212,7 @@ class SettingsCard(Vertical):
         """Show `values` as the live state: the draft becomes clean."""
         self.live = dict(values)
         self.base = dict(values)
+        self._overwrite = frozenset()
         for path, field in self.fields.items():
             field.load(values[path])
 
@@ -257,7 +262,13 @@ class SettingsCard(Vertical):
             text = f"Editing {self._editing}: enter keeps the value, escape leaves the field. {text}"
         elsewhere = self.changed_elsewhere if dirty else []
         if elsewhere:  # said until the draft ends, a rejected save included
-            text += f" Changed elsewhere meanwhile (not overwritten by a save): {', '.join(elsewhere)}."
+            edited = self.edits()
+            kept = [path for path in elsewhere if path not in edited]
+            both = [path for path in elsewhere if path in edited]
+            if kept:
+                text += f" Changed elsewhere meanwhile (not overwritten by a save): {', '.join(kept)}."
+            if both:
+                text += f" Changed elsewhere meanwhile, and edited here: {', '.join(both)}."
         if text != self._status_text:  # an update re-lays out the screen: not on every keystroke
             self._status_text = text
             line.update(text)
@@ -317,6 +328,17 @@ class SettingsCard(Vertical):
         if not changes:
             self.load(self._read_live())
             self._set_note("Nothing to save: the card matches the live settings.")
+            return
+        live, base = self.live, self.base
+        both = frozenset(path for path in changes if live[path] != base[path])
+        if both - self._overwrite:
+            self._overwrite = both
+            theirs = ", ".join(f"{path} to {said(live[path])}" for path in sorted(both))
+            self._set_note(
+                f"Not saved: changed elsewhere while you edited it ({theirs}). ctrl+s again writes "
+                "your values over it, escape loads the live ones.",
+                "-error",
+            )
             return
         self._set_note("Saving…")
         self.save(nest(changes))

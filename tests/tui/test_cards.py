@@ -611,6 +611,31 @@ async def test_saving_a_card_never_writes_back_what_changed_elsewhere(instance: 
         assert other.value == 900000 and not card.dirty
 
 
+async def test_a_field_edited_here_and_changed_elsewhere_is_saved_only_when_asked_twice(
+    instance: Instance,
+) -> None:
+    """The status line promised that a change made elsewhere is "not overwritten by a save", and
+    ctrl+s then wrote the operator's value over it when they had edited the same field: the first
+    save now names the conflict and changes nothing; a second one writes the operator's value."""
+    async with running(instance) as (pilot, pane, _):
+        card = pane.card("model-lockout")
+        await type_into(pilot, pane, "modelLockout.baseCooldownMs", "60000")
+        await instance.runtime.patch_settings({"modelLockout": {"baseCooldownMs": 90000}}, "settings")
+        await pilot.pause()
+        assert "not overwritten" not in card.status
+        assert "modelLockout.baseCooldownMs" in card.status
+        card.action_save()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert "Not saved" in card.status and "ctrl+s again" in card.status
+        assert instance.live("modelLockout.baseCooldownMs") == 90000
+        card.action_save()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert instance.live("modelLockout.baseCooldownMs") == 60000
+        assert not card.dirty
+
+
 async def test_the_changed_elsewhere_warning_stays_after_a_rejected_save(instance: Instance) -> None:
     async with running(instance) as (pilot, pane, _):
         card = pane.card("model-lockout")
