@@ -213,7 +213,8 @@ class IntField(SettingField, can_focus=True):
         super().__init__(spec, label=label, hint=hint)
         self._initial = value
         self._last_good = value
-        """What the field falls back to when left empty or unreadable."""
+        """What the field falls back to when left empty or unreadable: its value before the edit
+        (not the last valid keystroke: deleting 5000 key by key passes through 5)."""
 
     def _control(self) -> ComposeResult:
         width = len(str(self.spec.max)) + 2 if self.spec.max is not None else None
@@ -257,10 +258,7 @@ class IntField(SettingField, can_focus=True):
         if number is None:
             self.show_message(f"must be {self.spec.accepted()}")
         else:
-            message = self.spec.check(number)[1]
-            if message is None:
-                self._last_good = number
-            self.show_message(message or "")
+            self.show_message(self.spec.check(number)[1] or "")
         self.post_message(self.Edited(self))
 
     @on(Input.Blurred)
@@ -275,9 +273,9 @@ class IntField(SettingField, can_focus=True):
             self.show_message(f"restored to {self._last_good}: must be {self.spec.accepted()}")
         else:
             bounded, reason = clamp(self.spec, number)
+            self._last_good = bounded
             if reason is None:
                 return
-            self._last_good = bounded
             self._set_text(str(bounded))
             self.show_message(reason)
         self.post_message(self.Edited(self))

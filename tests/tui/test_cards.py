@@ -358,6 +358,23 @@ async def test_a_value_below_the_minimum_is_clamped_up(instance: Instance) -> No
         assert target.message == "clamped to 1000: must be an integer between 1000 and 86400000"
 
 
+async def test_a_field_deleted_key_by_key_is_restored_to_its_value_before_the_edit(instance: Instance) -> None:
+    """Deleting 5000 one backspace at a time passes through 500, 50 and 5, each a valid value: left
+    empty, the field was "restored to 5" (and a save would have sent 5), not to 5000."""
+    path = "requestQueue.concurrentRequests"
+    async with running(instance) as (pilot, pane, _):
+        target = await type_into(pilot, pane, path, "")
+        target.input.value = "10"  # the live value, as it was shown
+        await pilot.pause()
+        await pilot.press("end", "backspace", "backspace")
+        await pilot.pause()
+        assert target.value is None
+        await pilot.press("enter")
+        await pilot.pause()
+        assert target.value == 10
+        assert target.message.startswith("restored to 10:")
+
+
 async def test_an_emptied_field_is_restored_on_leaving(instance: Instance) -> None:
     path = "requestQueue.concurrentRequests"
     async with running(instance) as (pilot, pane, _):
