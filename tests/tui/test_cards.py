@@ -358,7 +358,9 @@ async def test_a_value_below_the_minimum_is_clamped_up(instance: Instance) -> No
         assert target.message == "clamped to 1000: must be an integer between 1000 and 86400000"
 
 
-async def test_a_field_deleted_key_by_key_is_restored_to_its_value_before_the_edit(instance: Instance) -> None:
+async def test_a_field_deleted_key_by_key_is_restored_to_its_value_before_the_edit(
+    instance: Instance,
+) -> None:
     """Deleting 5000 one backspace at a time passes through 500, 50 and 5, each a valid value: left
     empty, the field was "restored to 5" (and a save would have sent 5), not to 5000."""
     path = "requestQueue.concurrentRequests"
