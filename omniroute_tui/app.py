@@ -190,6 +190,12 @@ class OmniRouteApp(App[int]):
         if self.host is not None:
             serve.settle_heap()
 
+    def help_for(self, binding: Binding) -> str:
+        """A key's help text in this mode: attached, `q` leaves an instance that goes on serving."""
+        if binding.id == "quit" and self.remote is not None:
+            return "Leave; the instance goes on serving"
+        return binding.tooltip or ""
+
     def _remote_changed(self, kind: str) -> None:
         if kind == "snapshot":
             self.feed.reload()  # it may say what no event did (it came back after a gap)

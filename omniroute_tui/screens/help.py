@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from rich.table import Table
 from textual.app import App, ComposeResult
@@ -34,6 +34,10 @@ class ConsoleApp(Protocol):
     def run_action(self, action: str, default_namespace: Any = None) -> Awaitable[bool]: ...
 
     def table_action(self, table: str, action: str) -> None: ...
+
+    def help_for(self, binding: Binding) -> str: ...
+
+    def get_key_display(self, binding: Binding) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +91,9 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        app = self.app
+        app = cast(ConsoleApp, self.app)
         sections: dict[str, Table] = {}
-        for entry in key_catalogue(app):  # type: ignore[arg-type]
+        for entry in key_catalogue(app):
             table = sections.get(entry.scope)
             if table is None:
                 table = Table(
@@ -100,7 +104,7 @@ class HelpScreen(ModalScreen[None]):
                 table.add_column(style="dim", ratio=1)
                 sections[entry.scope] = table
             b = entry.binding
-            table.add_row(app.get_key_display(b), b.description or b.action, b.tooltip or "")
+            table.add_row(app.get_key_display(b), b.description or b.action, app.help_for(b))
         with VerticalScroll(classes="dialog help"):
             yield Static("Keys  (escape closes)", classes="dialog-question")
             for table in sections.values():
@@ -127,7 +131,7 @@ def commands(app: ConsoleApp) -> list[tuple[str, str, Callable[[], object]]]:
             if b.action.startswith("show_tab"):
                 title = f"Show the {title} tab"
             callback = partial(app.run_action, b.action)
-        found.append((title, f"{b.tooltip or ''} [{b.key}]".strip(), callback))
+        found.append((title, f"{app.help_for(b)} [{b.key}]".strip(), callback))
     return found
 
 

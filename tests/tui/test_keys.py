@@ -7,6 +7,7 @@ logged with its CLI command?) and on what the widgets hold, never on timing.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import pytest
 from rich.console import Console
@@ -20,7 +21,7 @@ from omniroute_tui.screens.filter import FilterScreen
 from omniroute_tui.screens.help import HelpScreen, commands, key_catalogue
 from omniroute_tui.snapshot import COLUMNS
 from tests.tui.conftest import settle
-from tests.tui.snapshot_app import snapshot_app
+from tests.tui.snapshot_app import attached_snapshot_app, snapshot_app
 
 SIZE = (120, 40)
 
@@ -270,6 +271,25 @@ async def test_question_mark_lists_every_key() -> None:
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"), [(snapshot_app, "Stop the proxy"), (attached_snapshot_app, "goes on")]
+)
+async def test_help_says_what_q_stops_hosted_and_attached(
+    make: Callable[[], OmniRouteApp], said: str
+) -> None:
+    """Attached, `q` leaves the instance running: help said it stopped the proxy."""
+    app = make()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        console = Console(width=200, file=io.StringIO(), record=True)
+        for static in app.screen.query(".help-section").results(Static):
+            console.print(static.content)
+        [quit_line] = [line for line in console.export_text().splitlines() if line.strip().startswith("q ")]
+        assert said in quit_line, quit_line
+        assert [t for t, help_text, _ in commands(app) if t == "Quit" and said in help_text]
 
 
 async def test_ctrl_p_opens_the_palette_with_every_tab_and_action() -> None:
