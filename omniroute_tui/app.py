@@ -197,10 +197,11 @@ class OmniRouteApp(App[int]):
         return binding.tooltip or ""
 
     def _remote_changed(self, kind: str) -> None:
+        feed = self.feed
         if kind == "snapshot":
-            self.feed.reload()  # it may say what no event did (it came back after a gap)
-        elif kind in ("state", "settings"):
-            self.feed.request()  # at once, not at the next tick: the rows are already 250 ms late
+            feed.reload()  # it may say what no event did (it came back after a gap)
+        elif kind in ("state", "settings") and not feed.paused:  # (paused: drawn on resuming)
+            feed.request()  # at once, not at the next tick: the rows are already 250 ms late
 
     def _remote_status(self, text: str) -> None:
         self.feed.url = text

@@ -236,9 +236,10 @@ class Feed:
 
     def reload(self) -> None:
         """What is read may have changed without an event saying so (an attached console's stream
-        started over): rebuild the lockout index whole, then redraw."""
+        started over): rebuild the lockout index whole, then redraw (when paused: on resuming)."""
         self._overflowed = True
-        self.request()
+        if not self.paused:
+            self.request()
 
     def request(self) -> None:
         """Build a snapshot as soon as the owner is idle, even when paused (the operator asked)."""

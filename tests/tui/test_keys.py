@@ -292,6 +292,31 @@ async def test_help_says_what_q_stops_hosted_and_attached(
         assert [t for t, help_text, _ in commands(app) if t == "Quit" and said in help_text]
 
 
+async def test_a_paused_attached_console_stays_still_when_the_instance_changes() -> None:
+    """Attached, `p` said PAUSED while every change the stream brought redrew the screen at once
+    (a change is drawn without waiting for a tick, which a pause holds back): now a paused console
+    draws nothing until it is resumed, or the operator acts."""
+    app = attached_snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        await pilot.pause()
+        drawn: list[object] = []
+        collect = app.feed.collect
+
+        def counted(*, force: bool = False) -> object:
+            drawn.append(force)
+            return collect(force=force)
+
+        app.feed.collect = counted  # type: ignore[method-assign]
+        for kind in ("state", "settings", "snapshot"):
+            app._remote_changed(kind)
+        await pilot.pause()
+        assert drawn == []
+        await pilot.press("p")  # resumed: drawn at once, with what changed meanwhile
+        await pilot.pause()
+        assert drawn
+
+
 async def test_ctrl_p_opens_the_palette_with_every_tab_and_action() -> None:
     app = snapshot_app()
     titles = [title for title, _, _ in commands(app)]
