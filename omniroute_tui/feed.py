@@ -133,8 +133,14 @@ class RequestIndex:
         self.finished: deque[tuple[RequestView, Row]] = deque()
         self.by_id: dict[str, RequestView] = {}
         self._mark = 0
+        self._epoch = 0
 
     def refresh(self, read: Observed, now: float) -> None:
+        if read.requests_epoch != self._epoch:  # an attached console's instance restarted
+            self._epoch = read.requests_epoch
+            self.finished.clear()
+            self.by_id.clear()
+            self._mark = 0
         new, self._mark = read.finished_requests(self._mark)
         finished, by_id = self.finished, self.by_id
         capacity = read.request_history

@@ -118,6 +118,7 @@ class Mirror:
         self._recording = False
         self._request_history = 0
         self._requests_version = 0
+        self._requests_epoch = 0
         self._alive: dict[str, RequestView] = {}
         self._finished: deque[RequestView] = deque()
         self._finished_ids: set[str] = set()
@@ -157,6 +158,10 @@ class Mirror:
             self._instance = instance
             self._events.clear()
             self._history.clear()
+            # and its requests: the old one's finished records are no longer the instance's
+            self._finished.clear()
+            self._finished_ids.clear()
+            self._requests_epoch += 1
         self._settings_documents(data.get("settings", {}))
         health = data.get("health", {})
         self._health(health, now)
@@ -403,6 +408,10 @@ class Mirror:
     @property
     def requests_version(self) -> int:
         return self._requests_version
+
+    @property
+    def requests_epoch(self) -> int:
+        return self._requests_epoch
 
     @property
     def request_history(self) -> int:

@@ -254,6 +254,8 @@ class Observed(Protocol):
     @property
     def requests_version(self) -> int: ...
     @property
+    def requests_epoch(self) -> int: ...
+    @property
     def request_history(self) -> int: ...
     def alive_requests(self) -> list[RequestView]: ...
     def alive_count(self) -> int: ...
@@ -647,6 +649,12 @@ class ReadModel:
     def requests_version(self) -> int:
         """Changes whenever a request record is created, changes state or ends (cheap to poll)."""
         return self._trail.version if self._trail is not None else 0
+
+    @property
+    def requests_epoch(self) -> int:
+        """Changes when the finished records read so far no longer hold (never, in the instance's
+        own process; a mirror's instance restarted): a reader keeping them starts over."""
+        return 0
 
     def requests(
         self,

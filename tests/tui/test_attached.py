@@ -25,6 +25,7 @@ from omniroute_tui import snapshot as snap
 from omniroute_tui.app import OmniRouteApp
 from omniroute_tui.cards import SettingsPane
 from omniroute_tui.cards.fields import BoolField
+from omniroute_tui.feed import RequestIndex
 from omniroute_tui.remote import Remote
 from proxy import untrusted
 from tests.cli.conftest import run
@@ -112,6 +113,29 @@ def test_a_snapshot_from_a_restarted_instance_starts_its_events_over() -> None:
     assert told == [1, 2]  # numbered from 1 again, and told all the same
     mirror.apply("snapshot", data, instance="abcd1234")
     assert told == [1, 2]  # the same instance resending them: told once
+
+
+def test_a_snapshot_from_a_restarted_instance_starts_its_requests_over() -> None:
+    """The console kept the finished requests of the instance it was attached to before a restart
+    (hours-old rows no API would show, and a count that was not the instance's): a new instance's
+    snapshot replaces them, while the same instance resending its snapshot keeps them."""
+    runtime = build_runtime()
+    mirror = mirrored(runtime)
+    data = json.loads(untrusted.dumps(runtime.stream.snapshot_data()))
+    old = {r["id"] for r in data["requests"]["recent"]}
+    assert old
+    index = RequestIndex()
+    mirror.apply("snapshot", data, instance="abcd1234")
+    index.refresh(mirror, mirror.now())
+    assert set(index.by_id) == old
+    mirror.apply("snapshot", data, instance="abcd1234")
+    index.refresh(mirror, mirror.now())
+    assert set(index.by_id) == old
+    restarted = dict(data, requests=dict(data["requests"], recent=data["requests"]["recent"][:1], alive=[]))
+    mirror.apply("snapshot", restarted, instance="ffff0000")
+    index.refresh(mirror, mirror.now())
+    assert set(index.by_id) == {data["requests"]["recent"][0]["id"]}
+    assert [v.id for v, _ in index.finished] == [data["requests"]["recent"][0]["id"]]
 
 
 @pytest.mark.parametrize("view", ["1", "2"], ids=["overview", "breakers"])
