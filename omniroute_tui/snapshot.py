@@ -681,7 +681,10 @@ def tile(b: BreakerView, latency: Sequence[float | None] = (), p50: float | None
     else:
         text = f"{b.failures}/{b.failure_threshold}"
     spark = latency_spark(latency)
-    shown = f"{spark} {fmt.latency(p50)}" if spark and p50 is not None else spark
+    if p50 is None:
+        shown = spark
+    else:  # (no sparkline: an attached console is sent none, only the p50 it polls)
+        shown = f"{spark} {fmt.latency(p50)}" if spark else f"p50 {fmt.latency(p50)}"
     return Tile(
         visible(b.provider), b.state, text, fmt.BREAKER_STYLES[b.state], key=b.provider, latency=shown
     )

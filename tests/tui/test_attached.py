@@ -423,3 +423,14 @@ def test_the_mirror_answers_every_request_question_of_the_read_model_as_the_trai
     assert states == expected_states and states
     assert sorted(r.id for r in changed) == sorted(r.id for r in expected_changed)
     assert attached.alive_changed(states) == ([], states)
+
+
+def test_a_tile_without_a_sparkline_shows_the_p50_it_has() -> None:
+    """An attached console is sent no latency sparkline but polls each provider's 1-minute p50: its
+    tiles said "no traffic" under steady traffic."""
+    mirror = mirrored(build_runtime())
+    breaker = mirror.breakers(mirror.now())[0]
+    unsent = mirror.latency_series(breaker.provider, mirror.now(), snap.TILE_SPARK)
+    assert snap.tile(breaker, unsent, 120.0).latency == "p50 120 ms"
+    assert snap.tile(breaker, unsent, None).latency == ""  # no request in the minute: no traffic
+    assert snap.tile(breaker, [100.0, 150.0], 120.0).latency.endswith(" 120 ms")  # hosted, as before
