@@ -681,10 +681,8 @@ def tile(b: BreakerView, latency: Sequence[float | None] = (), p50: float | None
     else:
         text = f"{b.failures}/{b.failure_threshold}"
     spark = latency_spark(latency)
-    if p50 is None:
-        shown = spark
-    else:  # (no sparkline: an attached console is sent none, only the p50 it polls)
-        shown = f"{spark} {fmt.latency(p50)}" if spark else f"p50 {fmt.latency(p50)}"
+    # (an attached console is sent no sparkline, only the p50 it polls: that alone, named)
+    shown = spark if p50 is None else f"{spark or 'p50'} {fmt.latency(p50)}"
     return Tile(
         visible(b.provider), b.state, text, fmt.BREAKER_STYLES[b.state], key=b.provider, latency=shown
     )
