@@ -391,7 +391,7 @@ def connection_detail(c: ConnectionView, locks: Sequence[LockoutView], history: 
             )
         )
     lines.extend(_history_lines(history, "connection", c.id))
-    enabled = "" if c.enabled else " · disabled"
+    enabled = "" if c.enabled or status == "disabled" else " · disabled"  # (said once)
     return Detail(f"{visible(c.id)} ({visible(c.provider)}) · {status}{enabled}", tuple(lines))
 
 

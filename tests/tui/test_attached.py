@@ -434,3 +434,13 @@ def test_a_tile_without_a_sparkline_shows_the_p50_it_has() -> None:
     assert snap.tile(breaker, unsent, 120.0).latency == "p50 120 ms"
     assert snap.tile(breaker, unsent, None).latency == ""  # no request in the minute: no traffic
     assert snap.tile(breaker, [100.0, 150.0], 120.0).latency.endswith(" 120 ms")  # hosted, as before
+
+
+def test_a_disabled_connections_detail_says_so_once() -> None:
+    runtime = build_runtime()
+    view = runtime.read.connections(runtime.clock.now())[0]
+    runtime.engine.set_connection_enabled(view.id, False)
+    view = runtime.read.connection(view.id, runtime.clock.now())
+    assert view is not None and view.status == "disabled" and not view.enabled
+    title = snap.connection_detail(view, [], []).title
+    assert title.count("disabled") == 1, title
