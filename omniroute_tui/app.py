@@ -205,6 +205,7 @@ class OmniRouteApp(App[int]):
 
     def _remote_status(self, text: str) -> None:
         self.feed.url = text
+        self.feed.stale = self.remote is not None and not self.remote.connected
         self.feed.request()
 
     async def on_unmount(self) -> None:

@@ -174,6 +174,8 @@ class Feed:
         self.owner = owner
         self.read = read
         self.url = url
+        self.stale = False
+        """An attached console's stream is down (the owner says so): the header says STALE."""
         self.read_only = read_only
         self.live = live
         """False (frozen clock): no periodic tick; snapshots are built only on request."""
@@ -306,6 +308,7 @@ class Feed:
             now,
             url=self.url,
             live=not self.paused,
+            stale=self.stale,
             read_only=self.read_only,
             lockouts=len(lockouts.rows),
         )

@@ -140,6 +140,8 @@ class Header:
     live: bool
     read_only: bool
     replica: str = ""
+    stale: bool = False
+    """An attached console whose stream is down: what it shows is what the instance said last."""
     """The fleet replica the console is attached to (empty without a fleet)."""
     state: str = ""
     """What is wrong with the state backend (`redis lost`), empty when nothing is."""
@@ -774,6 +776,7 @@ def header(
     live: bool,
     read_only: bool,
     lockouts: int,
+    stale: bool = False,
 ) -> Header:
     rates = read.rates(now, 30)
     traffic = read.traffic()
@@ -792,6 +795,7 @@ def header(
         cooling=read.cooling(now),
         lockouts=lockouts,
         live=live,
+        stale=stale,
         read_only=read_only,
         replica=visible(str(fleet.get("replica", ""))) if fleet else "",
         state=visible(state),

@@ -154,7 +154,10 @@ def mode(header: Header) -> Spans:
     spans: Spans = []
     if header.read_only:
         spans += [(" READ-ONLY ", READ_ONLY), (" ", Style())]
-    spans.append((" LIVE ", LIVE) if header.live else (" PAUSED ", PAUSED))
+    if header.stale:  # (an attached console's stream is down: nothing shown is current)
+        spans.append((" STALE ", PAUSED))
+    else:
+        spans.append((" LIVE ", LIVE) if header.live else (" PAUSED ", PAUSED))
     return spans
 
 

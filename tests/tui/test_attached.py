@@ -33,6 +33,7 @@ from tests.instances import Serving, environment, serving
 from tests.tui.conftest import settle
 from tests.tui.snapshot_app import attached_snapshot_app, build_runtime, mirrored
 from tests.tui.test_cards import field_at
+from tests.tui.test_hostile import screen_lines
 
 # -- the mirror draws what the engine draws -------------------------------------------------------
 
@@ -259,6 +260,9 @@ async def test_a_restarted_instance_is_reattached_and_quitting_leaves_it_running
             assert server.proc.wait(10) == 0
             await until(lambda: not remote.connected, "the console to notice")
             assert app.feed.url == f"reconnecting… {server.url}"
+            # what it shows is what the instance said last: not LIVE (it said so, its uptime ticking)
+            await until(lambda: any(" STALE " in line for line in screen_lines(app)), "the header to say so")
+            assert not any(" LIVE " in line for line in screen_lines(app))
             # The same port and state file, as a service manager restarts it.
             command = list(server.proc.args)  # type: ignore[arg-type]
             with open(server.log, "a") as log:
@@ -266,6 +270,7 @@ async def test_a_restarted_instance_is_reattached_and_quitting_leaves_it_running
             try:
                 await until(lambda: remote.connected, "the console to reattach", timeout=30)
                 assert app.feed.url == f"attached to {server.url}"
+                await until(lambda: any(" LIVE " in line for line in screen_lines(app)), "LIVE again")
                 api(server, "PUT", "/api/providers/alpha-1", {"isActive": False})
                 await until(
                     lambda: (
