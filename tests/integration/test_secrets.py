@@ -256,53 +256,71 @@ def _strings(text: str) -> list[str]:
     return found
 
 
-def test_a_key_the_upstream_escapes_its_own_way_leaves_by_no_door(
-    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], caplog: pytest.LogCaptureFixture
-) -> None:
-    """PHP writes `\\/`, Go `\\u003c`, some encoders escape every character: the key is found in each
-    form, in relayed errors, a success body, a stream's error event, the request records, the
-    connection's last error, the events and the log, and none of them holds it, escaped or decoded."""
+def _error_stream(error: str) -> str:
+    """A stream that says something, then ends with `error` as its event."""
+    return f'data: {{"choices": [{{"index": 0, "delta": {{"content": "hi"}}}}]}}\n\ndata: {error}\n\ndata: [DONE]\n\n'
+
+
+def _every_door(
+    launch: Callable[..., Proxy],
+    upstreams: Callable[..., Upstream],
+    caplog: pytest.LogCaptureFixture,
+    key: str,
+    *replies: Reply,
+) -> tuple[Proxy, list[str]]:
+    """One connection sent with `key`, whose upstream answers with `replies` (the fifth to a stream,
+    the others to plain requests); everything the program then shows: the answers, the request
+    records, the connection's last error, the events, the health document and the log, each JSON
+    document's strings decoded too."""
     caplog.set_level(logging.INFO)
-    up = upstreams("odd")
+    up = upstreams("echo")
     config_text = (
         f'[providers.one]\nclass = "apikey"\nbase_url = "{up.url}"\nrate_limit = false\n\n'
-        f"[[providers.one.connections]]\nid = \"one-1\"\napi_key = '{ODD_KEY}'\n"
+        f"[[providers.one.connections]]\nid = \"one-1\"\napi_key = '{key}'\n"
     )
     proxy = launch(config_text, settings={"connectionCooldown": {"apikey": {"baseCooldownMs": 0}}})
     unsubscribe = logs.log_events(proxy.rt.bus)
-
-    def error(form: str) -> str:
-        return '{"error": {"message": "Incorrect API key provided: ' + form + '", "type": "invalid"}}'
-
-    stream = (
-        'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
-        f"data: {error(_go(ODD_KEY))}\n\n"
-        "data: [DONE]\n\n"
-    )
-    up.fake.script(
-        Reply("error", status=400, body=error(_php(ODD_KEY)), headers={"content-type": "application/json"}),
-        Reply("error", status=400, body=error(_go(ODD_KEY)), headers={"content-type": "application/json"}),
-        Reply("error", status=429, body=error(_every_char(ODD_KEY)), headers={"content-type": "application/json"}),
-        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "key ' + _go(ODD_KEY) + '"}}]}',
-              headers={"content-type": "application/json"}),
-        Reply("error", status=200, body=stream, headers={"content-type": "text/event-stream"}),
-        Reply("error", status=401, body=error(_every_char(ODD_KEY).lower().replace("\\U", "\\u"))),
-    )  # fmt: skip
+    up.fake.script(*replies)
     seen: list[str] = []
     for _ in range(4):
         seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
         proxy.rt.engine.reset_connection("one-1")  # let the next scripted answer through
     with proxy.http.stream("POST", CHAT_PATH, json=chat("one/m1", stream=True)) as streamed:
         seen.append("".join(streamed.iter_text()))
-    seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)  # 401: the key is expired
-    assert len(up.calls()) == 6
+    seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
+    assert len(up.calls()) == len(replies)
     proxy.settled()
     for path in ("/api/requests", "/api/resilience/connections", "/api/events", "/api/monitoring/health"):
         seen.append(proxy.http.get(path).text)
     unsubscribe()
-    assert proxy.connection("one-1")["lastError"].startswith("401: ")
+    return proxy, [t for text in seen for t in _strings(text)] + [r.getMessage() for r in caplog.records]
 
-    texts = [t for text in seen for t in _strings(text)] + [r.getMessage() for r in caplog.records]
+
+def test_a_key_the_upstream_escapes_its_own_way_leaves_by_no_door(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    """PHP writes `\\/`, Go `\\u003c`, some encoders escape every character: the key is found in each
+    form, in relayed errors, a success body, a stream's error event, the request records, the
+    connection's last error, the events and the log, and none of them holds it, escaped or decoded."""
+
+    def error(form: str) -> str:
+        return '{"error": {"message": "Incorrect API key provided: ' + form + '", "type": "invalid"}}'
+
+    json_type = {"content-type": "application/json"}
+    proxy, texts = _every_door(
+        launch,
+        upstreams,
+        caplog,
+        ODD_KEY,
+        Reply("error", status=400, body=error(_php(ODD_KEY)), headers=json_type),
+        Reply("error", status=400, body=error(_go(ODD_KEY)), headers=json_type),
+        Reply("error", status=429, body=error(_every_char(ODD_KEY)), headers=json_type),
+        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "key ' + _go(ODD_KEY) + '"}}]}',
+              headers=json_type),
+        Reply("error", status=200, body=_error_stream(error(_go(ODD_KEY))), headers={"content-type": "text/event-stream"}),
+        Reply("error", status=401, body=error(_every_char(ODD_KEY).lower().replace("\\U", "\\u"))),
+    )  # fmt: skip
+    assert proxy.connection("one-1")["lastError"].startswith("401: ")  # the key is expired
     assert [t for t in texts if any(form in t for form in ODD_FORMS)] == []
     assert any("Incorrect API key provided: ***" in t for t in texts)
 
@@ -360,46 +378,24 @@ def test_a_key_an_upstream_url_encodes_leaves_by_no_door(
     """An upstream that quotes the URL it was sent (`?key=...`) writes the key percent-encoded: found
     in relayed errors, a success body, a stream's error event, the records, the connection's last
     error, the events and the log, in upper- and lower-case hex and half-encoded."""
-    caplog.set_level(logging.INFO)
-    up = upstreams("url")
-    config_text = (
-        f'[providers.one]\nclass = "apikey"\nbase_url = "{up.url}"\nrate_limit = false\n\n'
-        f'[[providers.one.connections]]\nid = "one-1"\napi_key = "{URL_KEY}"\n'
-    )
-    proxy = launch(config_text, settings={"connectionCooldown": {"apikey": {"baseCooldownMs": 0}}})
-    unsubscribe = logs.log_events(proxy.rt.bus)
 
     def error(form: str) -> str:
         return '{"error": {"message": "bad key in https://x.example/v1?key=' + form + '", "type": "invalid"}}'
 
-    stream = (
-        'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
-        f"data: {error(URL_FORMS[2])}\n\n"
-        "data: [DONE]\n\n"
-    )
     json_type = {"content-type": "application/json"}
-    up.fake.script(
+    _, texts = _every_door(
+        launch,
+        upstreams,
+        caplog,
+        URL_KEY,
         Reply("error", status=400, body=error(URL_FORMS[0]), headers=json_type),
         Reply("error", status=400, body=error(URL_FORMS[3]), headers=json_type),
         Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "k=' + URL_FORMS[1] + '"}}]}',
               headers=json_type),
         Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "k=' + URL_FORMS[2] + '"}}]}',
               headers=json_type),
-        Reply("error", status=200, body=stream, headers={"content-type": "text/event-stream"}),
+        Reply("error", status=200, body=_error_stream(error(URL_FORMS[2])), headers={"content-type": "text/event-stream"}),
         Reply("error", status=401, body=error(URL_FORMS[1])),
     )  # fmt: skip
-    seen: list[str] = []
-    for _ in range(4):
-        seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
-        proxy.rt.engine.reset_connection("one-1")
-    with proxy.http.stream("POST", CHAT_PATH, json=chat("one/m1", stream=True)) as streamed:
-        seen.append("".join(streamed.iter_text()))
-    seen.append(proxy.http.post(CHAT_PATH, json=chat("one/m1")).text)
-    assert len(up.calls()) == 6
-    proxy.settled()
-    for path in ("/api/requests", "/api/resilience/connections", "/api/events", "/api/monitoring/health"):
-        seen.append(proxy.http.get(path).text)
-    unsubscribe()
-    texts = [t for text in seen for t in _strings(text)] + [r.getMessage() for r in caplog.records]
     assert [t for t in texts if any(form in t for form in URL_FORMS)] == []
     assert any("?key=***" in t for t in texts) and any("k=***" in t for t in texts)
