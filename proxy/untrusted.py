@@ -26,6 +26,7 @@ import orjson
 __all__ = [
     "ECHO_LIMIT",
     "MODEL_LIMIT",
+    "MODEL_TOO_LONG",
     "NOT_JSON",
     "Unsendable",
     "dumps",

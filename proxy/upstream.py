@@ -363,11 +363,12 @@ def redirected(status: int, location: str | None) -> str:
     """A redirect in words, with where it pointed (no user name, password or query, where a key may
     hide): the likely fix is base_url set to that address."""
     where = ""
-    if location:
-        parts = urlsplit(location.strip())
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
+    try:
+        parts = urlsplit(location.strip()) if location else None
+    except ValueError:  # not a URL (`http://[::1`): nothing to show
+        parts = None
+    if parts is not None:
+        host = parts.netloc.rpartition("@")[2]  # (as written: `.port` raises on one out of range)
         shown = urlunsplit((parts.scheme, host, parts.path, "", ""))
         if len(shown) > REDIRECT_SHOWN:
             shown = shown[: REDIRECT_SHOWN - 1] + "…"

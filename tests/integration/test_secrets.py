@@ -25,6 +25,7 @@ from proxy import logs
 from proxy.config import load_config
 from proxy.runtime import Runtime
 from proxy.store import SqliteStore
+from proxy.upstream import redirected
 from tests.cli.conftest import run
 from tests.fakes import Reply
 from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat
@@ -399,3 +400,25 @@ def test_a_key_an_upstream_url_encodes_leaves_by_no_door(
     )  # fmt: skip
     assert [t for t in texts if any(form in t for form in URL_FORMS)] == []
     assert any("?key=***" in t for t in texts) and any("k=***" in t for t in texts)
+
+
+@pytest.mark.parametrize(
+    ("location", "shown"),
+    [
+        (
+            "https://user:pw@api.example.com:8443/v1/chat?key=secret",
+            " to https://api.example.com:8443/v1/chat:",
+        ),
+        ("http://api.example.com:99999/v1", " to http://api.example.com:99999/v1:"),  # no such port
+        ("/relative/path?key=secret", " to /relative/path:"),
+        ("http://[::1/x?key=secret", ", a redirect: not followed"),  # no URL at all: nothing shown
+        (None, ", a redirect: not followed"),
+    ],
+)
+def test_a_redirect_is_told_without_userinfo_or_query_whatever_its_location_holds(
+    location: str | None, shown: str
+) -> None:
+    """An upstream writes the Location it likes: a port out of range made the words themselves fail."""
+    words = redirected(302, location)
+    assert words.startswith("answered 302") and shown in words
+    assert "secret" not in words and "pw" not in words
