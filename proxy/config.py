@@ -956,6 +956,7 @@ class _Reader:
             self.problem(key, f"must be an array of tables, [[{key}]] (got {_kind(raw)})")
             return ()
         rules = []
+        first_at: dict[str, int] = {}
         for i, item in enumerate(raw):
             rule_key = f"{key}[{i}]"
             rule = self.table(item, rule_key)
@@ -964,9 +965,19 @@ class _Reader:
             if len(self.problems) > before:
                 continue  # rule_from_config would only repeat the unknown-key complaint
             try:
-                rules.append(rule_from_config(rule))
+                built = rule_from_config(rule)
             except ValueError as e:
                 self.problem(rule_key, str(e))
+                continue
+            # Events and logs name a restatement by its rule's id, and an id overrides the built-in
+            # rule of that id: one id for two rules would be one name for two behaviours.
+            if built.id in first_at:
+                self.problem(
+                    f"{rule_key}.id", f"{built.id!r} is already the id of restate[{first_at[built.id]}]"
+                )
+                continue
+            first_at[built.id] = i
+            rules.append(built)
         return tuple(rules)
 
     def headers(self, t: Mapping[str, Any], w: str) -> Mapping[str, str]:

@@ -545,6 +545,15 @@ def test_fingerprint_follows_the_key_and_repr_hides_it() -> None:
             "providers.openai.restate[0]: ",
             id="restate-bad-rule",
         ),
+        pytest.param(
+            MINIMAL_PROVIDER
+            + '[[providers.openai.restate]]\nid = "r"\nfrom = [403]\nto = 429\nmarkers = ["q"]\n'
+            + '[[providers.openai.restate]]\nid = "r"\nfrom = [400]\nto = 429\nmarkers = ["z"]\n',
+            # (events and logs name a restatement by its rule's id: two rules with one id are one name
+            # for two behaviours, and only the first could ever override a built-in rule)
+            "providers.openai.restate[1].id: 'r' is already the id of restate[0]",
+            id="restate-duplicate-id",
+        ),
     ],
 )
 def test_each_error_kind_names_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
