@@ -30,7 +30,7 @@ from omniroute_tui.cards.fields import SettingField
 from omniroute_tui.feed import Feed, FeedLogHandler, captured_logging
 from omniroute_tui.host import ProxyHost
 from omniroute_tui.messages import SnapshotReady, TerminalGone
-from omniroute_tui.remote import Remote
+from omniroute_tui.remote import Remote, RemoteError
 from omniroute_tui.screens.confirm import ConfirmScreen
 from omniroute_tui.screens.filter import FilterScreen
 from omniroute_tui.screens.help import ConsoleCommands, HelpScreen
@@ -416,8 +416,10 @@ class OmniRouteApp(App[int]):
                 )
                 self.feed.request()
             else:
+                # A refusal or an unreachable instance is told in words; anything else by its kind.
+                said = str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
                 self.notify(
-                    untrusted.visible(f"{type(error).__name__}: {error}"),
+                    untrusted.visible(said),
                     title="Action failed",
                     severity="error",
                     markup=False,

@@ -450,7 +450,16 @@ class Mirror:
 
 
 class RemoteError(Exception):
-    """The instance refused or failed an action; the message says what it answered."""
+    """The instance refused, failed or never got an action; the message says so in words."""
+
+
+def _unanswered(url: str, exc: httpx.TransportError) -> RemoteError:
+    """What an action that got no answer tells the operator: nothing changed when the instance could
+    not be reached; when the link broke once the request was out, it may have been applied."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return RemoteError(f"{url} could not be reached: nothing changed")
+    broke = "no answer in time" if isinstance(exc, httpx.TimeoutException) else "the link broke"
+    return RemoteError(f"{url} did not answer ({broke}): the change may or may not have been made")
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -472,7 +481,10 @@ class RemoteOperator:
 
     def _call(self, method: str, path: str, body: object = None, *, name: str = "") -> dict[str, Any]:
         with httpx.Client(base_url=self._url, headers=self._headers, timeout=10.0, trust_env=False) as client:
-            response = client.request(method, path, json=body)
+            try:
+                response = client.request(method, path, json=body)
+            except httpx.TransportError as exc:
+                raise _unanswered(self._url, exc) from exc
         if response.status_code == 404 and name:
             raise KeyError(name)
         if response.status_code != 200:
@@ -490,8 +502,14 @@ class RemoteOperator:
             ids = [c["id"] for c in answer["connections"]]
         else:
             ids = [connection_id]
-        for cid in ids:
-            self._call("POST", f"/api/resilience/connections/{cid}/reset", name=cid)
+        for done, cid in enumerate(ids):
+            try:
+                self._call("POST", f"/api/resilience/connections/{cid}/reset", name=cid)
+            except RemoteError as exc:
+                if not done:
+                    raise
+                # ("nothing changed" would be untrue: the ones before it were reset)
+                raise RemoteError(f"{done} of {len(ids)} connections were reset, then: {exc}") from exc
         return len(ids)
 
     def set_connection_enabled(self, connection_id: str, enabled: bool, *, source: str = "tui") -> None:
@@ -528,7 +546,10 @@ class RemoteSettings:
         async with httpx.AsyncClient(
             base_url=self._url, headers=self._headers, timeout=10.0, trust_env=False
         ) as client:
-            response = await client.patch(SETTINGS_PATHS[group], json=patch)
+            try:
+                response = await client.patch(SETTINGS_PATHS[group], json=patch)
+            except httpx.TransportError as exc:
+                raise _unanswered(self._url, exc) from exc
         if response.status_code == 400:
             fields = response.json().get("error", {}).get("fields") or []
             raise SettingsError(

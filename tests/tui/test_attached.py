@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +28,7 @@ from omniroute_tui.app import OmniRouteApp
 from omniroute_tui.cards import SettingsPane
 from omniroute_tui.cards.fields import BoolField
 from omniroute_tui.feed import RequestIndex
-from omniroute_tui.remote import Remote
+from omniroute_tui.remote import Remote, RemoteError, RemoteOperator
 from proxy import untrusted
 from tests.cli.conftest import run
 from tests.instances import Serving, environment, serving
@@ -286,6 +288,81 @@ async def test_a_restarted_instance_is_reattached_and_quitting_leaves_it_running
             finally:
                 again.terminate()
                 assert again.wait(20) == 0
+
+
+async def test_an_action_while_the_instance_is_down_says_so_in_words(tmp_path: Path) -> None:
+    """An operator who presses a key while the instance is down is told it could not be reached and
+    that nothing changed: not an exception's class name (`ConnectError: [Errno 111] ...`)."""
+    with serving(tmp_path, tmp_path / "state.db") as server:
+        async with attached(server) as (app, pilot):
+            remote = app.remote
+            assert remote is not None
+            await pilot.press("3")
+            await settle(pilot)
+            assert app.table("connections").select_key("alpha-1")
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(10) == 0
+            await until(lambda: not remote.connected, "the console to notice")
+            await pilot.press("e")
+            await until(lambda: any(n.title == "Action failed" for n in app._notifications), "the toast")
+            [toast] = [n for n in app._notifications if n.title == "Action failed"]
+            assert toast.message == f"{server.url} could not be reached: nothing changed", toast.message
+
+
+def test_an_action_whose_answer_never_came_may_have_been_made() -> None:
+    """Once the request is out, a broken link cannot say nothing changed: a real socket that reads
+    the request and hangs up without answering."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def hang_up() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RemoteError) as raised:
+            RemoteOperator(url, None).reset_breakers("alpha")
+    finally:
+        thread.join(5)
+        listener.close()
+    assert (
+        str(raised.value)
+        == f"{url} did not answer (the link broke): the change may or may not have been made"
+    )
+
+
+def test_resetting_every_connection_says_how_many_were_reset_before_the_instance_went() -> None:
+    """`R` on Connections resets each connection in turn: if the instance goes midway, the toast
+    cannot say nothing changed. A real socket answers the list and one reset, then stops listening."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    answers = [
+        b'{"connections": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}',
+        b'{"ok": true}',
+    ]
+
+    def serve_two() -> None:
+        for i, body in enumerate(answers):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                if i == len(answers) - 1:
+                    listener.close()  # before the answer: the next call must find nobody listening
+                head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+                conn.sendall(head.encode() + b"connection: close\r\n\r\n" + body)
+
+    thread = threading.Thread(target=serve_two, daemon=True)
+    thread.start()
+    with pytest.raises(RemoteError) as raised:
+        RemoteOperator(url, None).reset_connection(None)
+    thread.join(5)
+    assert (
+        str(raised.value)
+        == f"1 of 3 connections were reset, then: {url} could not be reached: nothing changed"
+    )
 
 
 def test_an_unreachable_instance_exits_3_and_a_refused_token_4(tmp_path: Path) -> None:
