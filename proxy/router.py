@@ -55,22 +55,32 @@ class Router:
     async def resolve(self, model: str, pinned_connection: str | None = None) -> Route | None:
         route = self._resolve_static(model)
         if route is None:
-            provider = await self._provider_listing(model)
-            if provider is not None:
-                route = Route([Target(provider, model)])
-            elif self.config.server.default_combo:
-                route = self._resolve_static(self.config.server.default_combo)
+            route = self._bare(model, await self._provider_listing(model))
         if route is None:
             return None
         return self._pinned(route, pinned_connection) if pinned_connection is not None else route
 
     def known(self, model: str, pinned_connection: str | None = None) -> Route | None:
-        """`resolve`'s answer when it needs no upstream's model list (a combo, or `provider/model`),
-        without a coroutine; None when it would need one (then `resolve` decides)."""
+        """`resolve`'s answer when it needs no coroutine: a combo, `provider/model`, or a bare model
+        while the lists it is looked up in are at hand (cached and fresh). None when `resolve` must
+        decide (a list to fetch, or no route at all)."""
         route = self._resolve_static(model)
+        if route is None:
+            at_hand, provider = self._listed(model)
+            if not at_hand:
+                return None
+            route = self._bare(model, provider)
         if route is None or pinned_connection is None:
             return route
         return self._pinned(route, pinned_connection)
+
+    def _bare(self, model: str, provider: str | None) -> Route | None:
+        """A bare model's route: the provider that lists it, else the default combo (or none)."""
+        if provider is not None:
+            return Route([Target(provider, model)])
+        if self.config.server.default_combo:
+            return self._resolve_static(self.config.server.default_combo)
+        return None
 
     def _pinned(self, route: Route, pinned_connection: str) -> Route:
         conn = self.config.connection(pinned_connection)
@@ -102,11 +112,33 @@ class Router:
         return None
 
     async def _provider_listing(self, model: str) -> str | None:
+        at_hand, provider = self._listed(model)
+        if at_hand:
+            return provider
         lists = await asyncio.gather(*(self.models_of(p) for p in self.config.providers))
         for provider, models in zip(self.config.providers, lists, strict=True):
             if model in models:
                 return provider
         return None
+
+    def _listed(self, model: str) -> tuple[bool, str | None]:
+        """(True, the first provider, in the config's order, whose list holds `model`, or None) when
+        the lists that decide it are at hand: the same answer `models_of` would give, without a task
+        per provider and a gather on every bare-model request (the common case: lists last a
+        minute). (False, None) when a provider before the answer has a list to fetch first."""
+        now = self.engine.clock.now()
+        stale_before = now - MODEL_LIST_TTL_S * 1000
+        for provider in self.config.providers:
+            cached = self._model_cache.get(provider)
+            if cached is None or cached[0] <= stale_before:
+                runtime = self.engine.providers.get(provider)
+                if runtime is None or runtime.breaker.can_execute(now):
+                    return False, None  # models_of would fetch it
+                if cached is None:
+                    continue  # not asked while its breaker rejects traffic, and no list known
+            if model in cached[1]:
+                return True, provider
+        return True, None
 
     async def models_of(self, provider: str) -> list[str]:
         """The model ids an upstream lists, cached for a minute (an empty list when it is down)."""
