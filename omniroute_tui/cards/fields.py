@@ -220,7 +220,9 @@ class IntField(SettingField, can_focus=True):
         width = len(str(self.spec.max)) + 2 if self.spec.max is not None else None
         yield FieldInput(
             str(self._initial),
-            type="integer",
+            # Not type="integer": it drops a key it refuses without a word (2.5 typed became 25, ten
+            # times what was meant). Every key shows; what is not a whole number is flagged as typed.
+            type="text",
             compact=True,
             max_length=width or 0,
             validators=[_InRange(self.spec)],
@@ -282,6 +284,14 @@ class IntField(SettingField, can_focus=True):
 
 
 class BoolField(SettingField):
+    """A switch: its checkbox is the focus stop (space or enter toggles it)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        # As on every other field: without them `j` did nothing here and `down` scrolled the card.
+        Binding("down,j", "app.focus_next", "Next field", show=False, id="settings-next-field"),
+        Binding("up,k", "app.focus_previous", "Previous field", show=False, id="settings-previous-field"),
+    ]
+
     def __init__(self, spec: FieldSpec, value: bool, *, label: str | None, hint: str) -> None:
         super().__init__(spec, label=label, hint=hint)
         self._initial = value
@@ -355,7 +365,7 @@ class CodeListField(SettingField):
             yield codes
             with Vertical(classes="buttons"):
                 yield FieldInput(
-                    placeholder="code", type="integer", compact=True, max_length=4, classes="new-code"
+                    placeholder="code", type="text", compact=True, max_length=4, classes="new-code"
                 )
                 with Horizontal():
                     yield Button("Add", compact=True, classes="add")

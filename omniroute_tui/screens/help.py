@@ -80,8 +80,12 @@ def key_catalogue(app: ConsoleApp) -> list[KeyEntry]:
             "Everywhere", None, Binding(app.COMMAND_PALETTE_BINDING, "command_palette", "Command palette")
         )
     )
+    seen: set[tuple[str, str, str]] = set()
     for scope, table, cls in _widget_scopes():
-        entries.extend(KeyEntry(scope, table, b) for b in Binding.make_bindings(cls.BINDINGS))
+        for b in Binding.make_bindings(cls.BINDINGS):
+            if (scope, b.key, b.action) not in seen:  # (the same key on several kinds of field: once)
+                seen.add((scope, b.key, b.action))
+                entries.append(KeyEntry(scope, table, b))
     return entries
 
 

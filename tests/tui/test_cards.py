@@ -306,6 +306,27 @@ async def test_a_switch_saves_its_new_state(instance: Instance) -> None:
     assert stored is not None and get_path(stored, path) is True
 
 
+async def test_j_k_and_the_arrows_move_off_a_switch_as_off_any_field(instance: Instance) -> None:
+    """On a switch, `j` did nothing and `down` scrolled the card: the focus looked stuck, and an
+    operator pressing enter to get out toggled it."""
+    path = "streamRecovery.throughputWatchdog.enabled"
+    async with running(instance) as (pilot, pane, _):
+        switch = field_at(pane, path)
+        assert isinstance(switch, BoolField)
+        for down, up in (("j", "k"), ("down", "up")):
+            switch.checkbox.focus()
+            await pilot.pause()
+            await pilot.press(down)
+            await pilot.pause()
+            moved = pane.app.focused
+            assert moved is not None and moved is not switch.checkbox, down
+            assert switch not in moved.ancestors_with_self, down
+            await pilot.press(up)
+            await pilot.pause()
+            assert pane.app.focused is switch.checkbox, up
+        assert switch.value is False  # and nothing was toggled on the way
+
+
 async def test_only_the_changed_fields_are_sent(instance: Instance) -> None:
     async with running(instance) as (pilot, pane, messages):
         await type_into(pilot, pane, "requestQueue.maxQueueDepth", "7")
@@ -375,6 +396,22 @@ async def test_a_field_deleted_key_by_key_is_restored_to_its_value_before_the_ed
         await pilot.pause()
         assert target.value == 10
         assert target.message.startswith("restored to 10:")
+
+
+async def test_a_value_that_is_not_a_whole_number_is_refused_not_silently_changed(
+    instance: Instance,
+) -> None:
+    """Typed key by key, `2.5` became `25` (the dot dropped without a word) and could be saved: ten
+    times what was meant. It is flagged as typed and, on leaving, the value before the edit is back."""
+    path = "requestQueue.concurrentRequests"
+    async with running(instance) as (pilot, pane, _):
+        target = await type_into(pilot, pane, path, "2.5", keys=True)
+        assert target.input.value == "2.5"
+        assert target.value is None and target.message == "must be an integer between 1 and 10000"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert target.value == 10
+        assert target.message == "restored to 10: must be an integer between 1 and 10000"
 
 
 async def test_an_emptied_field_is_restored_on_leaving(instance: Instance) -> None:
@@ -537,6 +574,14 @@ async def test_error_codes_are_added_and_removed_then_saved(instance: Instance) 
         await pilot.pause()
         assert codes.message == "not added: each code must be an integer between 100 and 599"
         assert 700 not in codes.value
+        codes.code_input.focus()
+        codes.code_input.clear()
+        await pilot.press("4", ".", "2")  # not 42, silently: no code at all
+        assert codes.code_input.value == "4.2"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert codes.message == "not added: each code must be an integer between 100 and 599"
+        assert codes.value == [403, 404, 429, 502, 503, 504, 418]
         codes.code_input.value = "429"
         await pilot.click(codes.query_one(".add", Button))
         await pilot.pause()
