@@ -533,7 +533,9 @@ def run_tui(options: serve.Options, *, read_only: bool = False, ascii_only: bool
         try:
             return asyncio.run(_run(options, read_only, ascii_only, signals))
         except serve.StartupError as exc:
-            print(f"omniroute: {exc}", file=sys.stderr)
+            print(
+                f"omniroute: {untrusted.visible_lines(str(exc))}", file=sys.stderr
+            )  # (it may quote a --host)
             return 2
 
 

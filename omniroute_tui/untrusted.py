@@ -44,6 +44,12 @@ def visible(text: str, limit: int = MAX_CHARS) -> str:
     return _escaped(text)
 
 
+def visible_lines(text: str) -> str:
+    """`visible()` line by line: a message of several lines (a refused start lists each problem on
+    its own) keeps its breaks, and nothing else passes."""
+    return "\n".join(visible(line) for line in text.splitlines())
+
+
 @lru_cache(maxsize=4096)
 def _escaped(text: str) -> str:
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text.replace("\r\n", "\n"))

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from omniroute_tui.cli.client import Target
 
 from omniroute_tui.cli.options import ConfigOpt, StateOpt, TokenOpt
+from omniroute_tui.untrusted import visible_lines
 
 app = typer.Typer()
 
@@ -102,7 +103,7 @@ def serve(
     try:
         run_headless(Options(config=config, state=state, host=host, port=port, demo=demo))
     except StartupError as exc:
-        typer.echo(f"omniroute: {exc}", err=True)
+        typer.echo(f"omniroute: {visible_lines(str(exc))}", err=True)  # (it may quote a --host)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         pass

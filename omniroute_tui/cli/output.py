@@ -87,8 +87,16 @@ def table(*columns: str, keep: int = 1, title: str | None = None) -> Table:
     stop at KEPT_WIDTH cells."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left", pad_edge=False)
+    t = Table(
+        # (a title may quote the instance, as `stats` does its window: text, never Rich markup)
+        title=Text(visible(title)) if title is not None else None,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        title_justify="left",
+        pad_edge=False,
+    )
     for index, header in enumerate(columns):
         if index < keep:
             t.add_column(header, no_wrap=True, overflow="ellipsis", max_width=KEPT_WIDTH)

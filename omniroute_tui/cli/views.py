@@ -38,6 +38,7 @@ from omniroute_tui.cli.output import (
     state_cell,
     table,
 )
+from omniroute_tui.untrusted import visible
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -170,38 +171,52 @@ def lockouts(
 
 
 def _status_view(h: dict[str, Any], url: str) -> RenderableType:
+    """Every word the instance sends is shown as visible text (`visible`): a lockout's model is a
+    client's choice, and `--url` may point at anything."""
     from rich.table import Table
     from rich.text import Text
+
+    def said(value: object) -> str:
+        return visible(str(value))
 
     b = h["circuitBreakers"]
     c = h["connections"]
     r = h["requests"]
+    status = said(h["status"])
     title = Text.assemble(
-        (f"omniroute {h['version']}", "bold"), f" at {url}: ", (h["status"].upper(), _style(h["status"]))
+        (f"omniroute {said(h['version'])}", "bold"), f" at {url}: ", (status.upper(), _style(h["status"]))
     )
     title.append(f"  (up {duration(h['uptimeMs'])})")
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row(
-        "Breakers",
-        f"{b['open']} open, {b['halfOpen']} half-open, {b['degraded']} degraded, {b['closed']} closed"
-        f" (of {b['total']})",
-    )
-    grid.add_row(
-        "Connections",
-        f"{c['active']} active, {c['coolingDown']} cooling, {c['terminal']} terminal, {c['disabled']} disabled"
-        f" (of {c['total']})",
-    )
-    grid.add_row("Lockouts", f"{len(h['lockouts'])} active")
-    grid.add_row(
-        "Requests", f"{r['total']} total, {r['ok']} ok, {r['failed']} failed, {r['inFlight']} in flight"
-    )
+    rows = [
+        (
+            "Breakers",
+            f"{said(b['open'])} open, {said(b['halfOpen'])} half-open, {said(b['degraded'])} degraded,"
+            f" {said(b['closed'])} closed (of {said(b['total'])})",
+        ),
+        (
+            "Connections",
+            f"{said(c['active'])} active, {said(c['coolingDown'])} cooling, {said(c['terminal'])} terminal,"
+            f" {said(c['disabled'])} disabled (of {said(c['total'])})",
+        ),
+        ("Lockouts", f"{len(h['lockouts'])} active"),
+        (
+            "Requests",
+            f"{said(r['total'])} total, {said(r['ok'])} ok, {said(r['failed'])} failed,"
+            f" {said(r['inFlight'])} in flight",
+        ),
+    ]
+    for name, text in rows:
+        grid.add_row(name, Text(text))
     now = epoch_ms(h.get("timestamp"))
     for breaker in h["providerBreakers"]:
         if breaker["state"] != "CLOSED":
-            line = Text.assemble(breaker["provider"], " ", (breaker["state"], _style(breaker["state"])))
-            line.append(f"  {breaker['failureCount']} failures")
+            line = Text.assemble(
+                said(breaker["provider"]), " ", (said(breaker["state"]), _style(breaker["state"]))
+            )
+            line.append(f"  {said(breaker['failureCount'])} failures")
             if breaker["retryAfterMs"]:
                 line.append(f", retry in {duration(breaker['retryAfterMs'])}")
             if breaker["lastFailure"]:
@@ -211,8 +226,10 @@ def _status_view(h: dict[str, Any], url: str) -> RenderableType:
         grid.add_row(
             "  lockout",
             Text(
-                f"{lockout['provider']}/{lockout['model']} on {lockout['connectionId']}: {lockout['reason']},"
-                f" {duration(lockout['remainingMs'])} left"
+                said(
+                    f"{lockout['provider']}/{lockout['model']} on {lockout['connectionId']}: {lockout['reason']},"
+                )
+                + f" {duration(lockout['remainingMs'])} left"
             ),
         )
     if len(h["lockouts"]) > 5:

@@ -149,6 +149,17 @@ def test_check_invalid_file_exits_2_naming_every_problem(tmp_path: Path) -> None
     assert (missing.code, missing.stderr) == (2, f"omniroute: {tmp_path / 'absent.toml'}: no such file\n")
 
 
+def test_a_refused_start_shows_a_hostile_host_as_visible_text(tmp_path: Path) -> None:
+    """The refusal quotes the `--host` it was given: an escape sequence in it reached the terminal.
+    (`tui` prints its refusal through the same `visible_lines`; it needs a terminal to get there.)"""
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    result = run("serve", "--config", str(config), "--host", "h\x1b]0;PWNED\x07", "--port", "1")
+    assert result.code == 2, result.stderr
+    assert "refusing to listen on h\\x1b]0;PWNED\\x07:" in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+
+
 def test_check_refuses_what_serve_refuses(tmp_path: Path) -> None:
     """`config check` said OK to a file `serve` refuses: a non-loopback host without token and keys."""
     path = tmp_path / "config.toml"

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 from tests.cli.conftest import Instance, Result, run
 
@@ -235,3 +240,71 @@ def test_url_and_token_come_from_the_config(make_instance: Callable[..., Instanc
 def test_url_and_token_from_the_environment(secured: Instance) -> None:
     env = {"OMNIROUTE_URL": secured.url, "OMNIROUTE_MANAGEMENT_TOKEN": secured.token or ""}
     assert run("lockouts", "--json", env=env).json() == []
+
+
+HOSTILE = "m1\x1b]0;PWNED\x07\x1b[2J[link=http://x]y[/link]"
+
+
+def test_status_shows_a_clients_model_name_as_visible_text(proxy: Instance) -> None:
+    """A client chooses the model name a lockout keeps; `status` printed it raw, so any client of the
+    proxy could retitle or clear the operator's terminal through it."""
+    proxy.lock("alpha-2", HOSTILE)
+    out = proxy.cli("status").stdout
+    assert "\x1b" not in out and "\x07" not in out
+    assert "[link=http://x]y[/link]" in out  # shown as written, never read as markup
+    assert "alpha/m1\\x1b]0;PWNED" in out
+
+
+def test_status_and_stats_show_a_hostile_instances_words_as_visible_text(tmp_path: Path) -> None:
+    """Pointed at something that is not a trustworthy omniroute (`--url`), every word it sends is
+    shown as text: its version, status, breaker rows and a statistics window."""
+    health = {
+        "status": "degraded\x1b[2J",
+        "version": "[link=http://evil]9[/link]\x1b]0;PWNED\x07",
+        "uptimeMs": 1000,
+        "timestamp": "2026-12-04T00:00:00Z",
+        "circuitBreakers": {"open": 1, "halfOpen": 0, "degraded": 0, "closed": 0, "total": 1},
+        "connections": {"active": 1, "coolingDown": 0, "terminal": 0, "disabled": 0, "total": 1},
+        "requests": {"total": 1, "ok": 1, "failed": 0, "inFlight": 0},
+        "providerBreakers": [
+            {"provider": "p\x1b[2J[red]", "state": "OPEN\x1b[2J", "failureCount": 1, "retryAfterMs": 0,
+             "lastFailure": None},
+        ],
+        "lockouts": [],
+    }  # fmt: skip
+    stats = {"window": "[link=http://evil]5m[/link]\x1b[2J", "providers": {"p": {}}, "connections": {}}
+    stats["providers"]["p"] = dict.fromkeys(
+        ("requests", "errors", "errorRate", "p50Ms", "p95Ms", "ttftP50Ms", "tokensPerSecond"), 0
+    )
+    with answering({"/api/monitoring/health": health, "/api/stats": stats}) as url:
+        for args in (("status",), ("stats",)):
+            result = run(*args, "--url", url)
+            out = result.stdout + result.stderr
+            assert "\x1b" not in out and "\x07" not in out, args
+            assert "[link=http://evil]" in out, (args, out)
+
+
+@contextmanager
+def answering(documents: dict[str, Any]) -> Iterator[str]:
+    """A real HTTP server on loopback that answers each path's JSON document (query ignored)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(documents.get(self.path.split("?")[0], {})).encode()
+            self.send_response(200 if self.path.split("?")[0] in documents else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
