@@ -44,6 +44,9 @@ from proxy.traffic import TrafficStats, Usage
 MESSAGE_LIMIT = 200
 """The most of an error message a record keeps."""
 REASON_LIMIT = 120
+TOKENS_MAX = 10**12
+"""The most tokens a usage count may say: more is no count any request has (`10**400` is legal
+JSON, and the statistics' float sums cannot take it), so it reads as not said."""
 FOLD_BATCH = 64
 """Finished records the statistics take at a time: a batch goes through a connection's bucket row,
 the histogram bounds and the code while they are hot, where one request at a time met them cold
@@ -531,9 +534,9 @@ def usage_of(answer: object) -> Usage | None:
             type(prompt) is int
             and type(completion) is int
             and type(total) is int
-            and prompt >= 0
-            and completion >= 0
-            and total >= 0
+            and 0 <= prompt <= TOKENS_MAX
+            and 0 <= completion <= TOKENS_MAX
+            and 0 <= total <= TOKENS_MAX
         ):
             return (prompt, completion, total)
     else:
@@ -552,7 +555,7 @@ def usage_of(answer: object) -> Usage | None:
 
 
 def _count(value: object) -> int | None:
-    return value if type(value) is int and value >= 0 else None
+    return value if type(value) is int and 0 <= value <= TOKENS_MAX else None
 
 
 def stream_usage(tail: bytes) -> Usage | None:

@@ -208,6 +208,29 @@ def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
     assert stream_usage(b'cut-off "usage": {"prompt_tokens": 1}') is None
 
 
+def test_a_token_count_no_request_could_have_is_no_count() -> None:
+    """`"prompt_tokens": 10**400` (legal JSON) made every read of the statistics a 500 (`int too
+    large to convert to float`) and lost the requests folded with it; a count over a trillion
+    tokens is not one any request has, so it reads as not said."""
+    huge = 10**400
+    assert usage_of({"usage": {"prompt_tokens": huge, "completion_tokens": 4, "total_tokens": huge}}) == (
+        None,
+        4,
+        None,
+    )
+    assert usage_of({"usage": {"input_tokens": 10**12 + 1, "output_tokens": 2}}) == (None, 2, None)
+    assert usage_of({"usage": {"prompt_tokens": 10**12, "completion_tokens": 0}}) == (10**12, 0, 10**12)
+    assert stream_usage(b'data: {"usage": {"prompt_tokens": 1' + b"0" * 500 + b"}}\n\n") is None
+    clock = FakeClock()
+    trail, engine = _trail(clock)
+    for n in range(FOLD_BATCH + 3):
+        _served(trail, engine, clock, n, 10.0, 200)
+        record = trail.ring[-1]
+        record.usage = usage_of({"usage": {"prompt_tokens": huge if n == 1 else 5, "completion_tokens": 1}})
+    report = trail.stats.report("5m", clock.now())
+    assert report.providers["p"].requests == FOLD_BATCH + 3
+
+
 def test_error_of_reads_code_and_message_only() -> None:
     assert error_of(b'{"error": {"message": "no", "code": "x", "type": "y"}}') == ("x", "no")
     assert error_of(b'{"error": {"message": "no", "code": null, "type": "y"}}') == ("y", "no")
