@@ -380,6 +380,14 @@ class Pipeline:
             for key in _SESSION_KEYS:
                 session_raw = headers.get(key)
                 if session_raw is not None:
+                    if len(session_raw) > untrusted.SESSION_LIMIT:
+                        response = error_response(
+                            400,
+                            f"{key.decode()} is longer than {untrusted.SESSION_LIMIT} characters;"
+                            " no session is named so",
+                            "invalid_session",
+                        )
+                        return response
                     session = session_raw.decode("latin-1")
                     break
             targets = route.targets

@@ -28,6 +28,7 @@ __all__ = [
     "MODEL_LIMIT",
     "MODEL_TOO_LONG",
     "NOT_JSON",
+    "SESSION_LIMIT",
     "Unsendable",
     "dumps",
     "echo",
@@ -43,6 +44,9 @@ MODEL_LIMIT: Final = 256
 the state file): one of megabytes, which a body of up to 32 MiB can hold, names no model and would
 be kept whole in every one of them."""
 MODEL_TOO_LONG: Final = f"`model` is longer than {MODEL_LIMIT} characters; no model is named so"
+SESSION_LIMIT: Final = 256
+"""The longest session id a request may send: a session is kept too (a pin, in memory and the state
+file, for `sessionAffinity.ttlMs`), and clients send UUIDs."""
 
 
 def _no_constant(name: str) -> Any:
