@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from omniroute_tui.format import counted
 from proxy.readmodel import ConnectionView, Observed
 
 Table = Literal["breakers", "connections", "lockouts"]
@@ -120,7 +121,7 @@ def apply(read: Observed, engine: Operator, action: Action) -> Result:
             state = breaker.state
             if state != "CLOSED" or breaker.failures:
                 changed += 1
-                said.append(f"Reset breaker {pid} (was {state}, {breaker.failures} failures)")
+                said.append(f"Reset breaker {pid} (was {state}, {counted(breaker.failures, 'failure')})")
             else:
                 said.append(f"Breaker {pid} was already CLOSED")
         if action.scope == "all":
@@ -149,7 +150,7 @@ def apply(read: Observed, engine: Operator, action: Action) -> Result:
     elif action.scope == "all":
         removed = engine.reenable_all(source=SOURCE)
         changed = removed
-        said.append(f"Re-enabled every locked model ({removed:,} lockouts lifted)")
+        said.append(f"Re-enabled every locked model ({counted(removed, 'lockout')} lifted)")
         commands.append("omniroute reenable --all")
     else:
         for provider, cid, model in action.targets:

@@ -92,6 +92,22 @@ def test_operator_actions_name_their_cli_command() -> None:
         actions.apply(runtime.read, engine, actions.Action("connections", "reset", (("gone",),)))
 
 
+def test_an_actions_words_count_one_as_one() -> None:
+    """"was CLOSED, 1 failures", "1 lockouts lifted": counted in words as everywhere else."""
+    runtime = build_runtime()
+    engine = runtime.engine
+    breaker = engine.providers["openai"].breaker
+    breaker.reset(engine.clock.now())
+    breaker.record_failure(engine.clock.now())
+    said = actions.apply(runtime.read, engine, actions.Action("breakers", "reset", (("openai",),))).said
+    assert said == ("Reset breaker openai (was CLOSED, 1 failure)",)
+    for lockout in engine.lockouts.active(engine.clock.now())[1:]:
+        engine.reenable(lockout.provider, lockout.model, lockout.connection_id)
+    assert len(engine.lockouts.active(engine.clock.now())) == 1
+    said = actions.apply(runtime.read, engine, actions.Action("lockouts", "reset", (), "all")).said
+    assert said == ("Re-enabled every locked model (1 lockout lifted)",)
+
+
 async def test_a_tick_builds_nothing_when_nothing_changed() -> None:
     app = snapshot_app()
     async with app.run_test(size=SIZE) as pilot:
