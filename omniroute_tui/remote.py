@@ -592,6 +592,9 @@ class Remote:
         self.requests_followed = True
         """Whether the stream is asked for request records (`follow_requests`)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._snapshot_came = asyncio.Event()
+        """Set by each snapshot: the statistics are asked for at once (the snapshot says whether the
+        instance records any), not up to STATS_POLL_S later."""
         self._stream: asyncio.Task[None] | None = None
 
     @property
@@ -663,6 +666,7 @@ class Remote:
                                 self._apply(message.event, data, instance)
                                 if message.event == "snapshot":
                                     self._link(True)
+                                    self._snapshot_came.set()
                                     delay = BACKOFF_START_S
                                 self.on_change(message.event)
                 except (httpx.HTTPError, RemoteError) as exc:
@@ -706,7 +710,9 @@ class Remote:
                     log.warning(
                         "%s: statistics this console cannot read (%s: %s)", self.url, type(exc).__name__, exc
                     )
-                await asyncio.sleep(STATS_POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._snapshot_came.wait(), STATS_POLL_S)
+                self._snapshot_came.clear()
 
 
 class Unreadable(Exception):

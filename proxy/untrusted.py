@@ -45,8 +45,8 @@ the state file): one of megabytes, which a body of up to 32 MiB can hold, names 
 be kept whole in every one of them."""
 MODEL_TOO_LONG: Final = f"`model` is longer than {MODEL_LIMIT} characters; no model is named so"
 SESSION_LIMIT: Final = 256
-"""The longest session id a request may send: a session is kept too (a pin, in memory and the state
-file, for `sessionAffinity.ttlMs`), and clients send UUIDs."""
+"""The longest session id kept as it came: a session is kept (a pin, in memory and the state file,
+for `sessionAffinity.ttlMs`); a longer one is kept as its digest."""
 
 
 def _no_constant(name: str) -> Any:

@@ -224,6 +224,17 @@ async def test_the_attached_console_acts_through_the_api_and_sees_the_change(tmp
             assert selected is not None and "disabled" not in str(selected.cells)
 
 
+async def test_an_attached_console_has_the_statistics_as_soon_as_it_attaches(tmp_path: Path) -> None:
+    """They were asked for every 5 s, the first time before the snapshot said recording was on: for
+    5 s a console attached to a busy instance said "no traffic" on every tile."""
+    with serving(tmp_path, tmp_path / "state.db") as server:
+        async with attached(server) as (app, _):
+            remote = app.remote
+            assert remote is not None
+            took = await until(lambda: "5m" in remote.mirror._stats, "the statistics")
+            assert took < 2.5  # (the poll comes every 5 s; this one follows the snapshot)
+
+
 async def test_the_attached_console_saves_settings_through_the_api(tmp_path: Path) -> None:
     path = "streamRecovery.throughputWatchdog.enabled"
     with serving(tmp_path, tmp_path / "state.db") as server:

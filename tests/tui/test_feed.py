@@ -93,7 +93,7 @@ def test_operator_actions_name_their_cli_command() -> None:
 
 
 def test_an_actions_words_count_one_as_one() -> None:
-    """"was CLOSED, 1 failures", "1 lockouts lifted": counted in words as everywhere else."""
+    """ "was CLOSED, 1 failures", "1 lockouts lifted": counted in words as everywhere else."""
     runtime = build_runtime()
     engine = runtime.engine
     breaker = engine.providers["openai"].breaker
