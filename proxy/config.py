@@ -39,6 +39,7 @@ import platformdirs
 from proxy.apis import API_NAMES, AUTH_STYLES, DEFAULT_APIS, AuthStyle, builtin_apis
 from proxy.resilience.outcome import ProviderClass
 from proxy.resilience.restate import RestatementRule, rule_from_config
+from proxy.scrub import MIN_SECRET_LENGTH
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -417,7 +418,7 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
         lines = _key_lines(text)
         raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems])
     exposure = _exposure_warnings(config, path, reader.inline_secrets)
-    warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure)]
+    warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure, *_unscrubbable(config))]
     return _with_env_state(replace(config, warnings=tuple(warnings)), env, path)
 
 
@@ -549,6 +550,27 @@ def _exposure_warnings(config: Config, path: Path, inline_secrets: Sequence[str]
             f"run `chmod 600 {path}`, or use api_key_env / {MANAGEMENT_TOKEN_ENV}"
         )
     return warnings
+
+
+def _unscrubbable(config: Config) -> list[str]:
+    """Secrets too short to be scrubbed: a short string is found in too much else (the scrubber
+    takes secrets of MIN_SECRET_LENGTH characters and up), so an upstream that echoes one shows it."""
+    short = [
+        f"providers.{c.provider}.connections[{i}].api_key"
+        for p in config.providers.values()
+        for i, c in enumerate(p.connections)
+        if c.api_key and len(c.api_key) < MIN_SECRET_LENGTH
+    ]
+    short += [
+        f"server.api_keys[{i}]" for i, k in enumerate(config.server.api_keys) if len(k) < MIN_SECRET_LENGTH
+    ]
+    if config.server.management_token and len(config.server.management_token) < MIN_SECRET_LENGTH:
+        short.append("server.management_token")
+    return [
+        f"{where}: shorter than {MIN_SECRET_LENGTH} characters, so it is not scrubbed from what is shown"
+        " (an upstream that echoes it shows it); a dummy key for a local server may be ignored"
+        for where in short
+    ]
 
 
 def _mode(path: Path) -> int | None:

@@ -348,6 +348,21 @@ def test_inline_key_in_a_world_readable_file_warns(tmp_path: Path) -> None:
     assert f"chmod 600 {path}" in warning
 
 
+def test_a_secret_too_short_to_scrub_is_warned_of_by_where_it_is_never_what_it_is(tmp_path: Path) -> None:
+    """A 7-character key passed `config check` in silence, and an upstream that echoed it had it
+    shown: the scrubber cannot take a string that short (it is found in too much else)."""
+    text = '[server]\napi_keys = ["short12", "long-enough-key"]\nmanagement_token = "tok"\n'
+    path = write(tmp_path, text + MINIMAL_PROVIDER + 'api_key = "Pw7x9Qz"\n', mode=0o600)
+    warnings = load_config(path, {}).warnings
+    assert [w.split(": ")[1] for w in warnings] == [
+        "providers.openai.connections[0].api_key",
+        "server.api_keys[0]",
+        "server.management_token",
+    ]
+    assert all("shorter than 8 characters, so it is not scrubbed" in w for w in warnings)
+    assert not any(secret in w for w in warnings for secret in ("Pw7x9Qz", "short12", 'tok"'))
+
+
 def test_inline_key_in_a_private_file_does_not_warn(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL_PROVIDER + 'api_key = "sk-inline-0123456789"\n', mode=0o600)
     assert load_config(path, {}).warnings == ()
@@ -357,8 +372,8 @@ def test_group_readable_token_warns_but_env_key_does_not(tmp_path: Path) -> None
     if os.name == "nt":
         pytest.skip("no POSIX modes")
     path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "K"\n', mode=0o644)
-    assert load_config(path, {"K": "sk-x"}).warnings == ()
-    path = write(tmp_path, '[server]\nmanagement_token = "t0ken"\n', mode=0o640)
+    assert load_config(path, {"K": "sk-x-0123456789"}).warnings == ()
+    path = write(tmp_path, '[server]\nmanagement_token = "t0ken-0123456789"\n', mode=0o640)
     (warning,) = load_config(path, {}).warnings
     assert "server.management_token" in warning and "mode 0640" in warning
 
