@@ -78,11 +78,26 @@ class OmniRouteApp(App[int]):
         Binding("s", "sort", "Sort", tooltip="Sort by the next column", id="sort"),
         # Not on the key bar (80 columns must keep p, ? and q): in help and the palette.
         Binding("S", "reverse", "Reverse", tooltip="Reverse the sort order", show=False, id="reverse"),
-        Binding("escape", "clear_filter", "Clear filter", show=False, id="clear-filter"),
+        Binding(
+            "escape",
+            "clear_filter",
+            "Clear filter",
+            tooltip="Show every row again",
+            show=False,
+            id="clear-filter",
+        ),
         Binding("p", "pause", "Pause", tooltip="Pause or resume live updates", id="pause"),
         Binding("question_mark", "help", "Help", tooltip="List every key", id="help"),
         Binding("q", "quit", "Quit", tooltip="Stop the proxy and leave", id="quit"),
-        Binding("ctrl+c", "stop", "Quit", show=False, priority=True, id="quit-ctrl-c"),
+        Binding(
+            "ctrl+c",
+            "stop",
+            "Quit",
+            tooltip="Stop the proxy and leave, without asking",
+            show=False,
+            priority=True,
+            id="quit-ctrl-c",
+        ),
     ]
 
     def __init__(
@@ -192,7 +207,7 @@ class OmniRouteApp(App[int]):
 
     def help_for(self, binding: Binding) -> str:
         """A key's help text in this mode: attached, `q` leaves an instance that goes on serving."""
-        if binding.id == "quit" and self.remote is not None:
+        if binding.id in ("quit", "quit-ctrl-c") and self.remote is not None:
             return "Leave; the instance goes on serving"
         return binding.tooltip or ""
 

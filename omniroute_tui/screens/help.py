@@ -22,6 +22,7 @@ from textual.widgets import Static
 
 from omniroute_tui.screens.confirm import ConfirmScreen
 from omniroute_tui.screens.filter import FilterScreen
+from omniroute_tui.widgets.overview import PickList, TileBar
 from omniroute_tui.widgets.tables import TABLE_CLASSES, ResourceTable
 
 
@@ -49,6 +50,8 @@ class KeyEntry:
 
 
 def _widget_scopes() -> Iterator[tuple[str, str | None, type[Widget] | type[App[Any]]]]:
+    yield "Overview tiles", None, TileBar
+    yield "Overview lists", None, PickList
     for cls in TABLE_CLASSES:
         if "BINDINGS" in vars(cls):
             yield f"{cls.TABLE.capitalize()} table", cls.TABLE, cls
@@ -77,7 +80,14 @@ def key_catalogue(app: ConsoleApp) -> list[KeyEntry]:
     entries = [KeyEntry("Everywhere", None, b) for b in Binding.make_bindings(type(app).BINDINGS)]
     entries.append(
         KeyEntry(
-            "Everywhere", None, Binding(app.COMMAND_PALETTE_BINDING, "command_palette", "Command palette")
+            "Everywhere",
+            None,
+            Binding(
+                app.COMMAND_PALETTE_BINDING,
+                "command_palette",
+                "Command palette",
+                tooltip="Find any action or tab by name",
+            ),
         )
     )
     seen: set[tuple[str, str, str]] = set()
@@ -125,8 +135,8 @@ def commands(app: ConsoleApp) -> list[tuple[str, str, Callable[[], object]]]:
         b = entry.binding
         if b.action in ("command_palette", "dismiss") or entry.scope.endswith("dialog"):
             continue
-        if entry.scope in ("Settings tab", "Any table"):
-            continue  # these keys need a focused card or table; the palette cannot give one
+        if entry.scope in ("Settings tab", "Any table") or entry.scope.startswith("Overview"):
+            continue  # these keys need a focused card, table or list; the palette cannot give one
         title = b.description or b.action
         if entry.table is not None:
             title = f"{entry.table.capitalize()}: {title}"

@@ -268,6 +268,13 @@ async def test_question_mark_lists_every_key() -> None:
             assert (entry.binding.description or entry.binding.action) in text
         for key in ("r", "e", "R", "slash", "s", "S", "p", "question_mark", "q", "ctrl+c", "ctrl+p"):
             assert any(e.binding.key == key for e in catalogue), key
+        # The Overview's tiles and lists take keys too (h/l, j/k, enter), and the keys that had no
+        # words (escape, ctrl+c, ctrl+p) say what they do.
+        scopes = {e.scope for e in catalogue}
+        assert {"Overview tiles", "Overview lists"} <= scopes
+        for key in ("escape", "ctrl+c", "ctrl+p"):
+            [entry] = [e for e in catalogue if e.binding.key == key and e.scope == "Everywhere"]
+            assert app.help_for(entry.binding), key
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)
