@@ -115,6 +115,10 @@ def check_url(url: str) -> str | None:
         return f"the scheme must be http or https (got {repr(parts.scheme) if parts.scheme else 'none'})"
     if not parts.hostname:
         return "it names no host"
+    try:
+        parts.hostname.encode("idna")  # what the client does with it before connecting
+    except UnicodeError:
+        return "the host name is not one DNS can hold (a label empty or over 63 characters)"
     # By hand: urlsplit's own `.port` accepts 0 and explains a bad one in its words, not ours.
     hostport = parts.netloc.rpartition("@")[2]
     port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport

@@ -197,6 +197,10 @@ def test_bad_url_is_usage() -> None:
         ("localhost:20128", "the scheme must be http or https (got 'localhost')"),
         ("127.0.0.1:20128", "the scheme must be http or https (got none)"),
         ("http://[::1", "Invalid IPv6 URL"),
+        (
+            "http://" + "a" * 64 + ".example",  # a DNS label is at most 63 characters: exit 1 before
+            "the host name is not one DNS can hold (a label empty or over 63 characters)",
+        ),
     ],
 )
 def test_2_an_unusable_url_names_url_before_anything_is_sent(url: str, why: str) -> None:
