@@ -1215,6 +1215,12 @@ def _none_speaks(model: str, api: str, skips: tuple[Skip, ...]) -> ErrorResponse
     )
 
 
+def _session_digest(raw: bytes) -> str:
+    """A long session id's stand-in: the same id always maps to it (the pin holds), in 65
+    characters however long the id (a pin is kept in memory and the state file)."""
+    return "#" + hashlib.sha256(raw).hexdigest()
+
+
 def _client_headers(headers: Mapping[bytes, bytes]) -> dict[str, str]:
     """The client's own headers of a passed-through API (`anthropic-version`...)."""
     return {h: headers[k].decode("latin-1") for h, k in _CLIENT_KEYS if k in headers}
@@ -1285,12 +1291,6 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
 
 
 # -- the request trail's ends ------------------------------------------------------------------------
-
-
-def _session_digest(raw: bytes) -> str:
-    """A long session id's stand-in: the same id always maps to it (the pin holds), in 65
-    characters however long the id (a pin is kept in memory and the state file)."""
-    return "#" + hashlib.sha256(raw).hexdigest()
 
 
 def _request_id(scope: Scope) -> str:
