@@ -710,8 +710,11 @@ class Remote:
                     log.warning(
                         "%s: statistics this console cannot read (%s: %s)", self.url, type(exc).__name__, exc
                     )
+                # (Not `wait_for`: in Python 3.11 it swallows a cancellation that meets the event
+                # being set, and `stop()` would wait for this task forever.)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._snapshot_came.wait(), STATS_POLL_S)
+                    async with asyncio.timeout(STATS_POLL_S):
+                        await self._snapshot_came.wait()
                 self._snapshot_came.clear()
 
 
