@@ -123,33 +123,35 @@ class Router:
 
     def _listed(self, model: str) -> tuple[bool, str | None]:
         """(True, the first provider, in the config's order, whose list holds `model`, or None) when
-        the lists that decide it are at hand: the same answer `models_of` would give, without a task
-        per provider and a gather on every bare-model request (the common case: lists last a
-        minute). (False, None) when a provider before the answer has a list to fetch first."""
+        the lists that decide it are at hand: the same answer the gathered `models_of` would give,
+        without a task per provider on every bare-model request (lists last a minute). (False, None)
+        when a provider before the answer has a list to fetch first."""
         now = self.engine.clock.now()
-        stale_before = now - MODEL_LIST_TTL_S * 1000
         for provider in self.config.providers:
-            cached = self._model_cache.get(provider)
-            if cached is None or cached[0] <= stale_before:
-                runtime = self.engine.providers.get(provider)
-                if runtime is None or runtime.breaker.can_execute(now):
-                    return False, None  # models_of would fetch it
-                if cached is None:
-                    continue  # not asked while its breaker rejects traffic, and no list known
-            if model in cached[1]:
+            models = self._at_hand(provider, now)
+            if models is None:
+                return False, None
+            if model in models:
                 return True, provider
         return True, None
 
-    async def models_of(self, provider: str) -> list[str]:
-        """The model ids an upstream lists, cached for a minute (an empty list when it is down)."""
+    def _at_hand(self, provider: str, now: float) -> list[str] | None:
+        """The provider's list when no fetch is due: fresh in the cache, or its last known one (else
+        none) while its breaker rejects traffic. None when it must be fetched."""
         cached = self._model_cache.get(provider)
-        now = self.engine.clock.now()
         if cached is not None and now - cached[0] < MODEL_LIST_TTL_S * 1000:
             return cached[1]
         runtime = self.engine.providers.get(provider)
         if runtime is not None and not runtime.breaker.can_execute(now):
             # We stopped sending this provider traffic; a model-list call would be traffic too.
             return cached[1] if cached is not None else []
+        return None
+
+    async def models_of(self, provider: str) -> list[str]:
+        """The model ids an upstream lists, cached for a minute (an empty list when it is down)."""
+        models = self._at_hand(provider, self.engine.clock.now())
+        if models is not None:
+            return models
         task = self._fetching.get(provider)
         if task is None:
             task = asyncio.ensure_future(self._fetch(provider))

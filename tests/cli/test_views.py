@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from tests.cli.conftest import Instance, Result, run
+from tests.fakes.server import LiveServer
 
 HEALTH = "/api/monitoring/health"
 CONNECTIONS = "/api/resilience/connections"
@@ -286,25 +290,13 @@ def test_status_and_stats_show_a_hostile_instances_words_as_visible_text(tmp_pat
 
 @contextmanager
 def answering(documents: dict[str, Any]) -> Iterator[str]:
-    """A real HTTP server on loopback that answers each path's JSON document (query ignored)."""
+    """A real HTTP server on loopback that answers each path's JSON document (404 elsewhere)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(documents.get(self.path.split("?")[0], {})).encode()
-            self.send_response(200 if self.path.split("?")[0] in documents else 404)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def answer(request: Request) -> Response:
+        return JSONResponse(documents[request.url.path])
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = LiveServer(Starlette(routes=[Route(path, answer) for path in documents])).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield server.url
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
