@@ -187,7 +187,10 @@ class Affinity:
         if client is None or key in self._writes:
             return None
         try:
-            text = await asyncio.wait_for(client.get(key), LOOKUP_TIMEOUT_S)
+            # `asyncio.timeout`, not `wait_for`: in Python 3.11 `wait_for` swallows a cancellation
+            # that meets the answer, and the request whose client hung up would go on upstream.
+            async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+                text = await client.get(key)
         except (RedisError, OSError, TimeoutError):
             return None  # the heartbeat and the worker tell a lost Redis; a request only goes on
         found = _decode(text)

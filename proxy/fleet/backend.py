@@ -409,8 +409,11 @@ class FleetState:
         jobs = self._jobs
         if jobs is not None and self.connected:
             # What was decided before the stop reaches the fleet (briefly: a lost Redis gives up).
+            # (`asyncio.timeout` rather than `wait_for`, which in Python 3.11 can swallow a
+            # cancellation of the stop itself.)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(jobs.join(), 2.0)
+                async with asyncio.timeout(2.0):
+                    await jobs.join()
             await self.affinity.close()
         self._stopping = True
         for task in self._tasks:
@@ -421,14 +424,15 @@ class FleetState:
         if self._r is not None:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 # The Replicas line loses this replica at once, not when its key expires.
-                await asyncio.wait_for(
-                    self._r.delete(self.key("replica", self.replica_id), self.key("stats", self.replica_id)),
-                    STOP_TIMEOUT_S,
-                )
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await self._r.delete(
+                        self.key("replica", self.replica_id), self.key("stats", self.replica_id)
+                    )
         for client in (self._r, self._feed):
             if client is not None:
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await asyncio.wait_for(client.aclose(), STOP_TIMEOUT_S)
+                    async with asyncio.timeout(STOP_TIMEOUT_S):
+                        await client.aclose()
 
     # ------------------------------------------------------------------ what the health document says
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 import redis.asyncio as aredis
 
@@ -112,5 +113,30 @@ def test_what_was_made_while_away_is_written_back_unless_the_fleet_has_later(
         assert (await shared.read(shared.owner_key("resp_2")))[0] == "c-2"  # type: ignore[index]
         assert await shared.reconcile() == 0  # written once
         await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_lookup_cancelled_as_its_answer_arrives_stays_cancelled() -> None:
+    """The request behind a lookup is cancelled (its client hung up) in the same turn of the loop
+    as Redis answers. The lookup must end cancelled: Python 3.11's `asyncio.wait_for` returns the
+    answer instead, and the request it belongs to goes on to an upstream nobody is waiting for."""
+
+    async def main() -> None:
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        class Answering:
+            async def get(self, key: str) -> str:
+                return await answer
+
+        shared = affinity("omniroute:test:", Answering())
+        lookup = asyncio.create_task(shared.read(shared.pin_key("s")))
+        for _ in range(3):  # into the client's `get`
+            await asyncio.sleep(0)
+        assert not lookup.done()
+        answer.set_result(json.dumps({"c": "conn-a", "e": now() + 60_000}))
+        lookup.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await lookup
 
     asyncio.run(main())
