@@ -146,9 +146,10 @@ class ConnectionView:
     priority: int
     masked_key: str | None
     in_flight: int
+    """Attempts sent upstream and not answered yet (the `queued` ones are not among them)."""
     max_concurrent: int | None
     queued: int = 0
-    """Requests waiting in its request queue (0 when it has none)."""
+    """Attempts waiting to be sent: in its request queue, or for a concurrency slot."""
     provider_class: str = ""
 
     def to_api(self, locks: Sequence[LockoutView], now: float) -> dict[str, object]:
@@ -742,6 +743,15 @@ def breaker_of(b: CircuitBreaker, now: float) -> BreakerView:
 def _connection(conn: ConnectionRuntime, now: float, provider_class: str = "") -> ConnectionView:
     h = conn.health
     spec = conn.spec
+    # The engine counts an attempt from its selection to its outcome, waits included: what waits
+    # (in the request queue, which holds it until it is sent, or else for a concurrency slot) is
+    # told apart from what went upstream, so that "in flight / max" never reads as a broken cap.
+    if conn.limiter is not None:
+        waiting = conn.limiter.queued
+    elif conn.semaphore is not None:
+        waiting = conn.semaphore.waiting
+    else:
+        waiting = 0
     return ConnectionView(
         id=spec.id,
         provider=spec.provider,
@@ -757,9 +767,9 @@ def _connection(conn: ConnectionRuntime, now: float, provider_class: str = "") -
         enabled=h.enabled,
         priority=spec.priority,
         masked_key=spec.masked_key,
-        in_flight=conn.in_flight,
+        in_flight=max(0, conn.in_flight - waiting),
         max_concurrent=spec.max_concurrent,
-        queued=conn.limiter.queued if conn.limiter is not None else 0,
+        queued=waiting,
         provider_class=provider_class,
     )
 

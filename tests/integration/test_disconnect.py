@@ -17,6 +17,9 @@ import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from omniroute_tui.snapshot import connection_row
 from proxy.resilience.clock import FakeClock
 from tests.fakes import Reply
 from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, provider, wait_until
@@ -140,3 +143,62 @@ def test_a_gone_client_stops_waiting_out_a_cooldown_at_once(
     wait_until(lambda: proxy.rt.pipeline.waiting == 0, what="the waits to end")
     proxy.settled()
     assert up.calls() == []
+
+
+def test_requests_waiting_for_a_slot_read_as_waiting_not_in_flight(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """Twenty-four requests to a connection capped at 8: 8 are sent, 16 wait for a slot. The API,
+    the metrics and the console say 8 in flight of 8 and 16 waiting (they said 24 in flight of 8,
+    which reads as a cap that does not hold)."""
+    up = upstreams()
+    up.fake.default(Reply("hang"))
+    config = (
+        f'[providers.loc]\nclass = "local"\nbase_url = "{up.url}"\n\n'
+        '[[providers.loc.connections]]\nid = "loc-1"\nmax_concurrent = 8\n'
+    )
+    proxy = launch(config, clock=FakeClock())
+    semaphore = proxy.rt.engine.connections["loc-1"].semaphore
+    assert semaphore is not None
+    with clients(proxy, 24, "loc/m1"):
+        wait_until(lambda: up.fake.in_flight == 8 and semaphore.waiting == 16, what="8 sent and 16 waiting")
+        assert proxy.connection("loc-1")["inFlight"] == 8
+        assert (
+            proxy.http.get("/api/monitoring/health").json()["requests"]["inFlight"] == 24
+        )  # the clients' requests: all of them wait
+        samples = {
+            (s.name, tuple(s.labels.values())): s.value
+            for family in text_string_to_metric_families(proxy.http.get("/metrics").text)
+            for s in family.samples
+        }
+        assert samples[("omniroute_in_flight", ("loc",))] == 8
+        assert samples[("omniroute_queue_depth", ("loc-1",))] == 16
+        view = proxy.rt.read.connection("loc-1", 0.0)
+        assert view is not None
+        assert "8 / 8" in connection_row(view).cells  # the console's Connections row
+        assert view.queued == 16
+
+
+def test_a_request_queue_and_a_slot_count_each_waiting_request_once(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A key with a request queue (2 at a time) and a slot cap of 2: of 6 requests, 2 are sent and
+    4 wait (in the queue, and some for a slot as well): 4 waiting, not 4 plus those in both."""
+    up = upstreams()
+    up.fake.default(Reply("hang"))
+    proxy = launch(
+        provider("cloud", "apikey", up.url, "cloud-1").replace(
+            "priority = 1", "priority = 1\nmax_concurrent = 2"
+        ),
+        settings={"requestQueue": {"concurrentRequests": 2}},
+    )
+    conn = proxy.rt.engine.connections["cloud-1"]
+    assert conn.semaphore is not None
+    with clients(proxy, 6, "cloud/m1"):
+        wait_until(lambda: up.fake.in_flight == 2 and conn.in_flight == 6, what="2 sent, 6 selected")
+        assert conn.limiter is not None and conn.semaphore.waiting > 0  # (the limiter: made on first use)
+        connection = proxy.connection("cloud-1")
+        assert connection["inFlight"] == 2
+        view = proxy.rt.read.connection("cloud-1", 0.0)
+        assert view is not None
+        assert (view.in_flight, view.queued) == (2, 4)
