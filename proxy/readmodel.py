@@ -744,14 +744,14 @@ def _connection(conn: ConnectionRuntime, now: float, provider_class: str = "") -
     h = conn.health
     spec = conn.spec
     # The engine counts an attempt from its selection to its outcome, waits included: what waits
-    # (in the request queue, which holds it until it is sent, or else for a concurrency slot) is
-    # told apart from what went upstream, so that "in flight / max" never reads as a broken cap.
-    if conn.limiter is not None:
-        waiting = conn.limiter.queued
-    elif conn.semaphore is not None:
-        waiting = conn.semaphore.waiting
-    else:
-        waiting = 0
+    # is told apart from what went upstream, so that "in flight / max" never reads as a broken cap.
+    # A request queue holds a request from its admission until it is sent, its wait for a slot
+    # included, so the larger of the two counts is every waiting request once (and a queue the
+    # settings have since turned off, its count 0, leaves the slot's).
+    waiting = max(
+        conn.limiter.queued if conn.limiter is not None else 0,
+        conn.semaphore.waiting if conn.semaphore is not None else 0,
+    )
     return ConnectionView(
         id=spec.id,
         provider=spec.provider,

@@ -202,3 +202,27 @@ def test_a_request_queue_and_a_slot_count_each_waiting_request_once(
         view = proxy.rt.read.connection("cloud-1", 0.0)
         assert view is not None
         assert (view.in_flight, view.queued) == (2, 4)
+
+
+def test_slot_waiters_count_as_waiting_after_the_request_queue_is_turned_off(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """The key's request queue served a request, then the operator turned request queues off: the
+    queue stays behind, empty, and the slot's 4 waiters must still read as waiting."""
+    up = upstreams()
+    proxy = launch(
+        provider("cloud", "apikey", up.url, "cloud-1").replace(
+            "priority = 1", "priority = 1\nmax_concurrent = 2"
+        ),
+        settings={"requestQueue": {"concurrentRequests": 2}},
+    )
+    assert proxy.chat("cloud/m1").status_code == 200
+    conn = proxy.rt.engine.connections["cloud-1"]
+    assert conn.limiter is not None and conn.semaphore is not None
+    patched = proxy.http.patch("/api/resilience", json={"requestQueue": {"autoEnableApiKeyProviders": False}})
+    assert patched.status_code == 200, patched.text
+    up.fake.default(Reply("hang"))
+    with clients(proxy, 6, "cloud/m1"):
+        wait_until(lambda: up.fake.in_flight == 2 and conn.semaphore.waiting == 4, what="2 sent, 4 waiting")
+        assert conn.limiter.queued == 0
+        assert proxy.connection("cloud-1")["inFlight"] == 2
