@@ -403,7 +403,8 @@ class LockoutTable:
     # -- operator --------------------------------------------------------------------------------
 
     def reenable(self, provider: str, model: str, now: float, connection_id: str | None = None) -> int:
-        """Remove one triple, or every lockout of `model` across the provider's connections."""
+        """Remove one triple, or every lockout of `model` across the provider's connections: how
+        many were still locked (expired entries are forgotten too, and not counted as lifted)."""
         if connection_id is not None:
             keys: Iterable[_Key] = ((provider, connection_id, model),)
         else:
@@ -411,16 +412,17 @@ class LockoutTable:
         removed = 0
         for key in keys:
             entry = self._entries.get(key)
-            if entry is not None:
-                self._remove(key, entry, now, "operator")
+            if entry is not None and self._remove(key, entry, now, "operator"):
                 removed += 1
         return removed
 
     def reenable_all(self, now: float) -> int:
-        entries = list(self._entries.items())
-        for key, entry in entries:
-            self._remove(key, entry, now, "operator")
-        return len(entries)
+        """Remove every entry: how many were still locked (as `reenable`)."""
+        lifted = 0
+        for key, entry in list(self._entries.items()):
+            if self._remove(key, entry, now, "operator"):
+                lifted += 1
+        return lifted
 
     # -- views -----------------------------------------------------------------------------------
 
@@ -528,10 +530,15 @@ class LockoutTable:
             return True
         return False
 
-    def _remove(self, key: _Key, entry: LockoutEntry, now: float, reason: str) -> None:
+    def _remove(self, key: _Key, entry: LockoutEntry, now: float, reason: str) -> bool:
+        """Forget a triple; True when it was still locked. Only that is a transition, told by an
+        event: an expired entry was lifted by its timer, and forgetting its escalation history
+        changes no state (as `_prune`, which drops such entries without a word)."""
         self._unindex(key)
-        was = LOCKED if now < entry.expires_at else UNLOCKED
-        self._emit(_event(now, key, was, UNLOCKED, reason))
+        if now < entry.expires_at:
+            self._emit(_event(now, key, LOCKED, UNLOCKED, reason))
+            return True
+        return False
 
     def _prune(self, now: float) -> bool:
         """Make room in a full table by dropping every expired entry; active locks are never dropped.

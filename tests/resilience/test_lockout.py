@@ -793,3 +793,38 @@ def test_from_record_rejects_a_missing_field() -> None:
     del record["last_failure_at"]
     with pytest.raises(ValueError, match="no 'last_failure_at'"):
         LockoutEntry.from_record(record)
+
+
+def test_an_expired_lock_forgotten_by_success_decay_is_no_transition() -> None:
+    """Its timer lifted it already: the success that forgets its count emits nothing (an
+    `unlocked -> unlocked` event read as a glitch in the Events tab), as a prune of it does not."""
+    clock = FakeClock()
+    table, events = make_table()
+    fail(table, clock.now())
+    entry = table.get("ollama", "c1", "llama3:8b")
+    assert entry is not None and entry.failure_count == 1
+    clock.advance(entry.expires_at - clock.now())
+    told = len(events)
+    table.record_success("ollama", "c1", "llama3:8b", clock.now())
+    assert table.get("ollama", "c1", "llama3:8b") is None
+    assert events[told:] == []
+
+
+def test_re_enabling_counts_and_tells_only_the_locks_it_lifted() -> None:
+    """One triple still locked, one whose timer ran out (kept for its escalation history): `all`
+    forgets both, lifts one, says one, and emits one event."""
+    clock = FakeClock()
+    table, events = make_table()
+    fail(table, clock.now(), model="old")
+    clock.advance(10 * 60_000)  # past the first lock's 2 minutes (the default base cooldown)
+    fail(table, clock.now(), model="new")
+    told = len(events)
+    assert table.reenable_all(clock.now()) == 1
+    assert len(table) == 0
+    assert [(e.key, e.from_, e.to, e.reason) for e in events[told:]] == [
+        ("ollama:c1:new", "locked", "unlocked", "operator")
+    ]
+    fail(table, clock.now(), model="old")
+    clock.advance(10 * 60_000)
+    assert table.reenable("ollama", "old", clock.now()) == 0
+    assert len(table) == 0
