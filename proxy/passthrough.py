@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from proxy import untrusted
 from proxy.apis import CLIENT_HEADERS, anthropic_error_body
 from proxy.engine import Target
-from proxy.pipeline import BodyTooLarge, Wire, _read_body, upstream_headers
+from proxy.pipeline import BodyStalled, BodyTooLarge, Wire, _read_body, body_stalled, upstream_headers
 from proxy.responses import ErrorResponse, error_response
 from proxy.runtime import Runtime
 from proxy.scrub import Scrubber, StreamScrubber
@@ -37,9 +37,11 @@ async def count_tokens(runtime: Runtime, request: Request) -> Response:
 
 async def _count_tokens(runtime: Runtime, request: Request) -> Response:
     try:
-        raw = await _read_body(request.scope, request.receive)
+        raw = await _read_body(request.scope, request.receive, runtime.upstream.deadlines())
     except BodyTooLarge:
         return error_response(413, "request body exceeds 32 MiB", "request_too_large")
+    except BodyStalled:
+        return body_stalled()
     except ClientDisconnect:
         return error_response(499, "the client went away before its body arrived", "client_disconnected")
     try:
@@ -120,9 +122,11 @@ async def response_follow_up(runtime: Runtime, request: Request) -> Response:
     data = None
     if request.method == "POST":
         try:
-            data = await _read_body(request.scope, request.receive) or None
+            data = await _read_body(request.scope, request.receive, runtime.upstream.deadlines()) or None
         except BodyTooLarge:
             return error_response(413, "request body exceeds 32 MiB", "request_too_large")
+        except BodyStalled:
+            return body_stalled()
     return await _send_once(runtime, request, owner, request.method, path, data, "responses")
 
 

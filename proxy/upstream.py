@@ -68,7 +68,7 @@ class UpstreamResponse:
     """An upstream response whose headers have arrived; the body is read on demand.
 
     Every wait for more of the body ends after `idle_s` without a byte (the idle timeout, an
-    `upstream idle timeout` stall), behind the client's one loop timer (`_Deadlines`): aiohttp's own
+    `upstream idle timeout` stall), behind the client's one loop timer (`Deadlines`): aiohttp's own
     `sock_read` would start and stop a loop timer per request and per read."""
 
     __slots__ = ("_body_timeout_ms", "_deadlines", "_headers", "_idle_s", "_response", "status")
@@ -77,7 +77,7 @@ class UpstreamResponse:
         self,
         response: aiohttp.ClientResponse,
         body_timeout_ms: float,
-        deadlines: _Deadlines,
+        deadlines: Deadlines,
         idle_s: float,
     ) -> None:
         """`body_timeout_ms`: how long `read()` may take for the whole body, from the headers on."""
@@ -146,7 +146,7 @@ class UpstreamResponse:
                 if size > limit:
                     raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
                 chunks.append(chunk)
-        except _DeadlinePassed as exc:
+        except DeadlinePassed as exc:
             response.close()
             if deadlines.loop.time() >= done_by:
                 message = f"upstream body not complete within {self._body_timeout_ms:g} ms of its headers"
@@ -180,7 +180,7 @@ class UpstreamResponse:
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-        except (_DeadlinePassed, aiohttp.ClientError, OSError):
+        except (DeadlinePassed, aiohttp.ClientError, OSError):
             pass
         finally:
             self._response.close()
@@ -209,7 +209,7 @@ class UpstreamResponse:
                     await _gather(response.connection)
                     now = loop.time()
                 previous = now
-        except _DeadlinePassed as exc:
+        except DeadlinePassed as exc:
             raise UpstreamFailure(IDLE) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
@@ -244,7 +244,7 @@ class UpstreamClient:
         self.timeouts = timeouts or Timeouts()
         self._session: aiohttp.ClientSession | None = None
         self._max_connections = max_connections
-        self._deadlines: _Deadlines | None = None
+        self._deadlines: Deadlines | None = None
         """The first-byte deadlines of the requests in flight (on the loop they are sent from)."""
         self._plain_headers: dict[str | None, Mapping[str, str]] = {}
         """API key -> the request headers of a provider without headers or credentials of its own,
@@ -266,6 +266,15 @@ class UpstreamClient:
                 cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent",),
             )
+
+    def deadlines(self) -> Deadlines:
+        """The running loop's deadlines: one loop timer for this client's waits and for other waits
+        bounded the same way (a client's body that stops arriving, `proxy.pipeline`)."""
+        loop = asyncio.get_running_loop()
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = Deadlines(loop)
+        return deadlines
 
     async def close(self) -> None:
         if self._session is not None:
@@ -314,7 +323,7 @@ class UpstreamClient:
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
         # The first-byte deadline cancels this task when it passes, as an `asyncio.timeout` context
         # would (without its object, reschedule and exit check per request, in Python), and
-        # behind one loop timer for every request in flight (`_Deadlines`) rather than a timer of
+        # behind one loop timer for every request in flight (`Deadlines`) rather than a timer of
         # its own (a libuv timer started, stopped and closed per request). The same rules: a
         # cancellation is ours only when our deadline passed and nobody else cancelled the task
         # too (`uncancel`, as `asyncio.timeout` decides), and it cannot pass after the `finally`.
@@ -324,8 +333,8 @@ class UpstreamClient:
         cancelling = task.cancelling()
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not loop:
-            deadlines = self._deadlines = _Deadlines(loop)
-        # (`_Deadlines.add`, inline: once per request)
+            deadlines = self._deadlines = Deadlines(loop)
+        # (`Deadlines.add`, inline: once per request)
         deadline = loop.time() + limit
         deadlines.pending[task] = deadline
         if deadlines.timer is None or deadline < deadlines.at:
@@ -345,7 +354,7 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
         finally:
-            if deadlines.pending.pop(task, None) is None:  # (`_Deadlines.discard`, inline)
+            if deadlines.pending.pop(task, None) is None:  # (`Deadlines.discard`, inline)
                 deadlines.passed_tasks.discard(task)
         if 300 <= response.status < 400:
             location = response.headers.get("location")
@@ -376,7 +385,7 @@ def redirected(status: int, location: str | None) -> str:
     return f"answered {status}, a redirect{where}: not followed (a key goes only to base_url)"
 
 
-class _Deadlines:
+class Deadlines:
     """Tasks to cancel when their deadline (loop time) passes, behind one loop timer.
 
     A task's deadline goes into `pending`, and the timer is set (`arm`) for it when it is the
@@ -384,8 +393,9 @@ class _Deadlines:
     `passed_tasks`, and the timer is set again for the earliest one left. A task done with its
     deadline leaves `pending` (or `passed_tasks`): with every request given the same limit, the
     timer fires about once a limit, not once a request. The first-byte deadline of a request
-    (`UpstreamClient.send` reads and writes the tables itself, once per request) and the idle
-    timeout of each wait for its body (`within`) share it.
+    (`UpstreamClient.send` reads and writes the tables itself, once per request), the idle
+    timeout of each wait for an upstream's body and of each wait for a client's body that has not
+    arrived yet (`within`) share it.
     """
 
     __slots__ = ("at", "loop", "passed_tasks", "pending", "timer")
@@ -399,7 +409,7 @@ class _Deadlines:
         """When the timer fires (loop time)."""
 
     async def within(self, awaitable: Awaitable[T], task: asyncio.Task[Any], at: float) -> T:
-        """`awaitable`'s result, awaited by `task` (the current task); `_DeadlinePassed` if loop
+        """`awaitable`'s result, awaited by `task` (the current task); `DeadlinePassed` if loop
         time `at` passes first. (The rules of `UpstreamClient.send`'s inline use.)"""
         cancelling = task.cancelling()
         self.pending[task] = at
@@ -409,7 +419,7 @@ class _Deadlines:
             return await awaitable
         except asyncio.CancelledError as exc:
             if task in self.passed_tasks and task.uncancel() <= cancelling:
-                raise _DeadlinePassed from exc
+                raise DeadlinePassed from exc
             raise
         finally:
             if self.pending.pop(task, None) is None:
@@ -433,8 +443,8 @@ class _Deadlines:
             self.arm(min(self.pending.values()))
 
 
-class _DeadlinePassed(Exception):
-    """A wait outlived its deadline (`_Deadlines.within`)."""
+class DeadlinePassed(Exception):
+    """A wait outlived its deadline (`Deadlines.within`)."""
 
 
 def _current_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:

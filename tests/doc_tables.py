@@ -218,6 +218,8 @@ LIMITS: dict[str, tuple[Limit, ...]] = {
     ),
     "api": (
         Limit("largest `/v1/*` request body (else 413)", "proxy.pipeline", "MAX_BODY_BYTES", _bytes),
+        Limit("longest silence while a `/v1/*` body arrives (else 408)", "proxy.pipeline",
+              "BODY_IDLE_TIMEOUT_S", _s),
         Limit("largest management request body (else 413)", "proxy.manage", "MAX_BODY_BYTES", _bytes),
         Limit("upstream error body read for classification", "proxy.upstream", "MAX_ERROR_BODY", _bytes),
         Limit("how long an upstream's `/v1/models` list is cached", "proxy.router", "MODEL_LIST_TTL_S", _s),

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.pipeline import _cycle_of, _read_body, _while_connected
+from proxy.upstream import Deadlines
 from tests.fakes import LiveServer
 
 SCOPE: Scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
@@ -67,7 +68,7 @@ class _WatchedApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        await _read_body(scope, receive)
+        await _read_body(scope, receive, Deadlines(asyncio.get_running_loop()))
         self.uvicorn_cycle.append(_cycle_of(receive) is not None)
         quick = scope["path"] == "/quick"
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from omniroute_tui.snapshot import connection_row
+from proxy import pipeline
 from proxy.resilience.clock import FakeClock
 from tests.fakes import Reply
 from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, provider, wait_until
@@ -226,3 +229,78 @@ def test_slot_waiters_count_as_waiting_after_the_request_queue_is_turned_off(
         wait_until(lambda: up.fake.in_flight == 2 and conn.semaphore.waiting == 4, what="2 sent, 4 waiting")
         assert conn.limiter.queued == 0
         assert proxy.connection("cloud-1")["inFlight"] == 2
+
+
+def _start(proxy: Proxy, body: bytes, length: int, path: str = CHAT_PATH) -> socket.socket:
+    """A request whose headers promise `length` bytes of body, of which only `body` is sent."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
+    """The whole HTTP answer on `sock`, read until the server closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return status, headers, body
+
+
+@pytest.mark.parametrize("sent", [b"", b'{"model": "loc/m1", "mess'])
+def test_a_body_that_stops_arriving_is_answered_408_and_ends_its_record(
+    launch: Callable[..., Proxy],
+    upstreams: Callable[..., Upstream],
+    monkeypatch: pytest.MonkeyPatch,
+    sent: bytes,
+) -> None:
+    """A client sends its headers (and maybe part of its body), then nothing: the request is
+    answered 408 once the body has stopped for the idle limit, the connection is closed, and the
+    request leaves the trail's alive list (it stayed `queued` there for as long as the client
+    held the socket). Nothing reached the upstream or counted against it."""
+    monkeypatch.setattr(pipeline, "BODY_IDLE_TIMEOUT_S", 0.5)
+    up = upstreams()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    sock = _start(proxy, sent, 200)
+    try:
+        status, headers, body = _answer(sock)  # the server closes: the read ends
+    finally:
+        sock.close()
+    assert status.split()[1] == "408", status
+    assert headers.get("connection") == "close"
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    alive = proxy.http.get("/api/requests").json()
+    assert [r for r in alive["requests"] if r["state"] in ("queued", "waiting", "slot", "upstream")] == []
+    assert up.calls() == []
+    nothing_counted(proxy, "loc", "loc-1")
+
+
+def test_a_body_sent_slowly_but_steadily_is_read_whole(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit is on a silence, not on the whole body: a body that keeps coming, each part
+    well within the limit, is read whole however long it takes in all."""
+    monkeypatch.setattr(pipeline, "BODY_IDLE_TIMEOUT_S", 1.0)
+    up = upstreams()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    body = json.dumps(chat("loc/m1")).encode()
+    parts = [body[i : i + 8] for i in range(0, len(body), 8)][:6]
+    sock = _start(proxy, b"", len(body))
+    try:
+        for part in parts:
+            time.sleep(0.3)  # the server's own clock is the subject: its silence limit is 1 s
+            sock.sendall(part)
+        sock.sendall(body[sum(map(len, parts)) :])
+        sock.settimeout(10)
+        head = sock.recv(65536)
+    finally:
+        sock.close()
+    assert head.startswith(b"HTTP/1.1 200"), head[:80]
+    assert len(up.calls()) == 1
