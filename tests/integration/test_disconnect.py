@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from omniroute_tui.snapshot import connection_row
 from proxy import pipeline
 from proxy.resilience.clock import FakeClock
+from proxy.resilience.semaphore import ConnectionSemaphore
 from tests.fakes import Reply
 from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, provider, wait_until
 
@@ -69,12 +70,11 @@ def nothing_counted(proxy: Proxy, provider_id: str, connection_id: str) -> None:
     assert (connection["status"], connection["lastError"], connection["inFlight"]) == ("active", None, 0)
 
 
-def test_gone_clients_leave_the_semaphore_and_the_upstream_at_once(
+def hanging_and_capped_at_8(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
-) -> None:
-    """24 requests on a `max_concurrent = 8` connection whose upstream never answers: 8 are sent,
-    16 wait for a slot. The clients go: the 8 upstream calls are cancelled and the 16 never sent
-    (they used to wait out the 30 s slot timeout, then go upstream anyway, fail-open)."""
+) -> tuple[Proxy, Upstream, ConnectionSemaphore | None]:
+    """A local provider whose one connection, `loc-1`, takes 8 requests at a time, in front of an
+    upstream that never answers; the engine on a clock nobody advances. Returns the slot too."""
     up = upstreams()
     up.fake.default(Reply("hang"))
     config = (
@@ -82,7 +82,16 @@ def test_gone_clients_leave_the_semaphore_and_the_upstream_at_once(
         '[[providers.loc.connections]]\nid = "loc-1"\nmax_concurrent = 8\n'
     )
     proxy = launch(config, clock=FakeClock())
-    semaphore = proxy.rt.engine.connections["loc-1"].semaphore
+    return proxy, up, proxy.rt.engine.connections["loc-1"].semaphore
+
+
+def test_gone_clients_leave_the_semaphore_and_the_upstream_at_once(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """24 requests on a `max_concurrent = 8` connection whose upstream never answers: 8 are sent,
+    16 wait for a slot. The clients go: the 8 upstream calls are cancelled and the 16 never sent
+    (they used to wait out the 30 s slot timeout, then go upstream anyway, fail-open)."""
+    proxy, up, semaphore = hanging_and_capped_at_8(launch, upstreams)
     assert semaphore is not None and semaphore.limit == 8
     with clients(proxy, 24, "loc/m1") as socks:
         wait_until(lambda: up.fake.in_flight == 8 and semaphore.waiting == 16, what="8 sent and 16 waiting")
@@ -154,14 +163,7 @@ def test_requests_waiting_for_a_slot_read_as_waiting_not_in_flight(
     """Twenty-four requests to a connection capped at 8: 8 are sent, 16 wait for a slot. The API,
     the metrics and the console say 8 in flight of 8 and 16 waiting (they said 24 in flight of 8,
     which reads as a cap that does not hold)."""
-    up = upstreams()
-    up.fake.default(Reply("hang"))
-    config = (
-        f'[providers.loc]\nclass = "local"\nbase_url = "{up.url}"\n\n'
-        '[[providers.loc.connections]]\nid = "loc-1"\nmax_concurrent = 8\n'
-    )
-    proxy = launch(config, clock=FakeClock())
-    semaphore = proxy.rt.engine.connections["loc-1"].semaphore
+    proxy, up, semaphore = hanging_and_capped_at_8(launch, upstreams)
     assert semaphore is not None
     with clients(proxy, 24, "loc/m1"):
         wait_until(lambda: up.fake.in_flight == 8 and semaphore.waiting == 16, what="8 sent and 16 waiting")
@@ -182,6 +184,13 @@ def test_requests_waiting_for_a_slot_read_as_waiting_not_in_flight(
         assert view.queued == 16
 
 
+def capped_key(url: str) -> str:
+    """An API-key provider whose one connection, `cloud-1`, takes 2 requests at a time."""
+    return provider("cloud", "apikey", url, "cloud-1").replace(
+        "priority = 1", "priority = 1\nmax_concurrent = 2"
+    )
+
+
 def test_a_request_queue_and_a_slot_count_each_waiting_request_once(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
@@ -190,9 +199,7 @@ def test_a_request_queue_and_a_slot_count_each_waiting_request_once(
     up = upstreams()
     up.fake.default(Reply("hang"))
     proxy = launch(
-        provider("cloud", "apikey", up.url, "cloud-1").replace(
-            "priority = 1", "priority = 1\nmax_concurrent = 2"
-        ),
+        capped_key(up.url),
         settings={"requestQueue": {"concurrentRequests": 2}},
     )
     conn = proxy.rt.engine.connections["cloud-1"]
@@ -214,9 +221,7 @@ def test_slot_waiters_count_as_waiting_after_the_request_queue_is_turned_off(
     queue stays behind, empty, and the slot's 4 waiters must still read as waiting."""
     up = upstreams()
     proxy = launch(
-        provider("cloud", "apikey", up.url, "cloud-1").replace(
-            "priority = 1", "priority = 1\nmax_concurrent = 2"
-        ),
+        capped_key(up.url),
         settings={"requestQueue": {"concurrentRequests": 2}},
     )
     assert proxy.chat("cloud/m1").status_code == 200
