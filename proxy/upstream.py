@@ -216,9 +216,10 @@ class UpstreamResponse:
 
     @property
     def content_type(self) -> str:
-        # As `headers` reads it (the last one), without building `headers`.
+        """The answer's Content-Type (the last one, as `headers` reads it), as the client can be
+        sent it: see `relayable_type`."""
         found = self._response.headers.getall("content-type", None)
-        return found[-1] if found else "application/json"
+        return relayable_type(found[-1]) if found else "application/json"
 
     def close(self) -> None:
         self._response.close()
@@ -356,12 +357,31 @@ class UpstreamClient:
         finally:
             if deadlines.pending.pop(task, None) is None:  # (`Deadlines.discard`, inline)
                 deadlines.passed_tasks.discard(task)
-        if 300 <= response.status < 400:
+        status = response.status
+        if not (200 <= status < 300 or 400 <= status <= 599):
             location = response.headers.get("location")
             response.close()
-            raise UpstreamFailure(Outcome.network(redirected(response.status, location)))
+            if 300 <= status < 400:
+                raise UpstreamFailure(Outcome.network(redirected(status, location)))
+            # aiohttp reads any three digits as a final answer's status: 600-999 are not HTTP's,
+            # and no client could be answered with one (uvicorn writes status lines for 100-599),
+            # nor with a 1xx, which is never an answer.
+            raise UpstreamFailure(Outcome.network(f"answered status {status}, which is no answer in HTTP"))
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000, deadlines, self.timeouts.idle_ms / 1000)
+
+
+def relayable_type(value: str) -> str:
+    """An upstream's Content-Type as a header the client can be sent: HTTP headers are latin-1, and
+    aiohttp decodes them as UTF-8 (bytes it cannot, as surrogates), so a hostile or broken upstream's
+    `charset=é中` could not be written back. Printable ASCII passes as it came; otherwise its media
+    type alone when that is, else `application/octet-stream` (what the bytes are, and nothing more)."""
+    if value.isascii() and value.isprintable():
+        return value
+    media = value.partition(";")[0].strip()
+    if media and media.isascii() and media.isprintable():
+        return media
+    return "application/octet-stream"
 
 
 REDIRECT_SHOWN = 120

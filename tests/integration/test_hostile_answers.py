@@ -1,0 +1,139 @@
+"""Upstream answers no HTTP server library writes, which a hostile or broken upstream can: a status
+HTTP does not have, a Content-Type outside latin-1. Each reaches the client as a well-formed answer
+(relayed, or a failure that falls back, or an error that says why), never a 500 or a dropped
+connection, on every route that relays an upstream's answer.
+
+The upstream writes raw bytes (tests/fakes/raw.py); the proxy runs on a real uvicorn server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.fakes.raw import RawUpstream
+from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, error_of, provider
+
+JSON = {"content-type": "application/json"}
+COMPLETION = (
+    b'{"id":"c1","object":"chat.completion","created":1,"model":"m1","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"raw"},"finish_reason":"stop"}]}'
+)
+ERROR = b'{"error":{"message":"no such model","type":"invalid_request_error"}}'
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[[Callable[[str], bytes]], RawUpstream]]:
+    started: list[RawUpstream] = []
+
+    def make(answer: Callable[[str], bytes]) -> RawUpstream:
+        server = RawUpstream(answer).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def answering(status_line: bytes, content_type: bytes, body: bytes) -> Callable[[str], bytes]:
+    return lambda path: RawUpstream.response(status_line, [b"content-type: " + content_type], body)
+
+
+@pytest.mark.parametrize("status", [600, 700, 999])
+def test_a_status_http_does_not_have_is_a_failure_that_falls_back(
+    launch: Callable[..., Proxy],
+    upstreams: Callable[..., Upstream],
+    raw: Callable[..., RawUpstream],
+    status: int,
+) -> None:
+    odd = raw(answering(b"HTTP/1.1 %d Odd" % status, b"application/json", COMPLETION))
+    good = upstreams()
+    proxy = launch(
+        provider("odd", "local", odd.url, "odd-1")
+        + provider("good", "local", good.url, "good-1")
+        + '[combos.both]\nstrategy = "priority"\ntargets = ["odd/m1", "good/m1"]\n'
+    )
+    response = proxy.chat("both")
+    assert response.status_code == 200, response.text
+    assert response.headers["x-omniroute-selected-connection-id"] == "good-1"
+    record = proxy.http.get("/api/requests").json()["requests"][0]
+    [first, _] = record["attempts"]
+    assert (first["connectionId"], first["outcome"]) == ("odd-1", "fallback")
+    assert f"answered status {status}, which is no answer in HTTP" in first["reason"]
+    proxy.settled()
+
+
+def test_a_status_http_does_not_have_with_nowhere_to_fall_back_is_told_as_a_failure(
+    launch: Callable[..., Proxy], raw: Callable[..., RawUpstream]
+) -> None:
+    """As a reset would be: the connection cools, and the client is told what the upstream did
+    (429 `all_targets_cooling`: the connection it would wait for is cooling)."""
+    odd = raw(answering(b"HTTP/1.1 700 Odd", b"application/json", COMPLETION))
+    proxy = launch(provider("odd", "local", odd.url, "odd-1"))
+    error = error_of(proxy.chat("odd/m1"), 429)  # all_targets_cooling, as after a reset
+    assert error["upstreamError"]["message"].startswith("answered status 700, which is no answer in HTTP")
+    assert proxy.http.post("/api/resilience/connections/odd-1/reset").status_code == 200
+    streamed = proxy.http.post(CHAT_PATH, json=chat("odd/m1", stream=True))
+    # (a second failure in a row opens the local provider's breaker: 503 provider_circuit_open)
+    assert "status 700" in error_of(streamed, 503)["upstreamError"]["message"]
+    proxy.settled()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        pytest.param("application/json; charset=é中".encode(), id="utf-8"),
+        pytest.param(b"application/json; charset=\xff\xfe", id="bytes"),
+        pytest.param(b"\xff\xfe/\xc3\xa9", id="no-media-type"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("status_line", "body"),
+    [
+        pytest.param(b"HTTP/1.1 200 OK", COMPLETION, id="200"),
+        pytest.param(b"HTTP/1.1 404 No", ERROR, id="404"),
+    ],
+)
+def test_a_content_type_outside_latin_1_is_relayed_in_one_latin_1_can_carry(
+    launch: Callable[..., Proxy],
+    raw: Callable[..., RawUpstream],
+    content_type: bytes,
+    status_line: bytes,
+    body: bytes,
+) -> None:
+    odd = raw(answering(status_line, content_type, body))
+    proxy = launch(provider("odd", "local", odd.url, "odd-1"))
+    response = proxy.chat("odd/m1")
+    assert response.status_code == int(status_line.split()[1]), response.text
+    assert response.content == body
+    relayed = response.headers["content-type"]
+    assert relayed.isascii() and relayed.isprintable()
+    assert relayed.startswith("application/json" if b"application/json" in content_type else "application/")
+    proxy.settled()
+
+
+def test_the_passed_through_routes_bound_the_status_and_the_content_type(
+    launch: Callable[..., Proxy], raw: Callable[..., RawUpstream]
+) -> None:
+    """count_tokens relays one attempt's answer as it came (passthrough.py), and Messages through
+    the pipeline: both answer in the Anthropic shape, never a 500."""
+    bad_type = raw(answering(b"HTTP/1.1 400 Bad", "application/json; charset=é".encode(), ERROR))
+    bad_status = raw(answering(b"HTTP/1.1 700 Odd", b"application/json", b'{"input_tokens":3}'))
+    extra = 'apis = ["messages"]\nauth = "x-api-key"'
+    proxy = launch(
+        provider("typed", "apikey", bad_type.url, "typed-1", extra=extra)
+        + provider("odd", "apikey", bad_status.url, "odd-1", extra=extra)
+    )
+    count = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    typed = proxy.http.post("/v1/messages/count_tokens", json={**count, "model": "typed/m"}, headers=JSON)
+    assert typed.status_code == 400 and typed.content == ERROR
+    assert typed.headers["content-type"].startswith("application/json")
+    odd = proxy.http.post("/v1/messages/count_tokens", json={**count, "model": "odd/m"}, headers=JSON)
+    assert odd.status_code == 502, odd.text
+    assert odd.json()["type"] == "error" and "status 700" in odd.json()["error"]["message"]
+    messages = proxy.http.post("/v1/messages", json={**count, "model": "odd/m"}, headers=JSON)
+    assert messages.status_code == 429, messages.text
+    assert messages.json()["type"] == "error" and "status 700" in messages.json()["error"]["message"]
+    proxy.settled()
