@@ -15,10 +15,10 @@ none.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from proxy import untrusted
 from proxy.config import Config
 from proxy.engine import Engine, Target
 
@@ -186,9 +186,11 @@ def _parse_target(text: str) -> Target:
 
 
 def parse_model_list(raw: bytes) -> list[str] | None:
-    """Model ids out of an OpenAI `/v1/models` body (None when it is not one)."""
-    try:
-        data = json.loads(raw)
-        return [str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m]
-    except (ValueError, KeyError, TypeError):
+    """Model ids out of an OpenAI `/v1/models` body (None when it is not one). An upstream's answer:
+    read as untrusted (nesting no parser recurses through is no list), and an id that is not a
+    string names no model (`str()` of `null` or `["x"]` would make `None` a routable name)."""
+    document = untrusted.read_answer(raw)
+    listed = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(listed, list):
         return None
+    return [m["id"] for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]

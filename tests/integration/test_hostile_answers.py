@@ -137,3 +137,31 @@ def test_the_passed_through_routes_bound_the_status_and_the_content_type(
     assert messages.status_code == 429, messages.text
     assert messages.json()["type"] == "error" and "status 700" in messages.json()["error"]["message"]
     proxy.settled()
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        pytest.param(b'{"data":' + b"[" * 100_000 + b"]" * 100_000 + b"}", id="deep"),
+        pytest.param(
+            b'{"data":[{"id":null},{"id":["x"]},{"id":1e999},{"id":7},{"id":"real"}]}', id="odd-ids"
+        ),
+    ],
+)
+def test_a_model_list_no_client_could_use_names_no_model(
+    launch: Callable[..., Proxy], raw: Callable[..., RawUpstream], models: bytes
+) -> None:
+    """A provider's `/v1/models` is read for bare model names: nesting deeper than any parser
+    recurses, or ids that are not strings (which would become routable names like `None` or
+    `['x']`), name nothing, and the names that are strings still count."""
+    odd = raw(
+        lambda path: RawUpstream.response(b"HTTP/1.1 200 OK", [b"content-type: application/json"], models)
+    )
+    proxy = launch(provider("odd", "local", odd.url, "odd-1"))
+    listed = proxy.http.get("/v1/models")
+    assert listed.status_code == 200, listed.text
+    ids = {m["id"] for m in listed.json()["data"]}
+    assert ids == ({"odd/real"} if b"real" in models else set())
+    for name in ("None", "['x']", "inf", "7"):
+        assert error_of(proxy.chat(name), 404)
+    proxy.settled()
