@@ -57,12 +57,21 @@ def scrub_shapes(text: str) -> str:
 class Scrubber:
     """Replaces the configured `secrets` (and, in error text, credential shapes) with `REDACTED`."""
 
-    __slots__ = ("_bytes", "_bytes_any", "_literals", "_text")
+    __slots__ = ("_bytes", "_bytes_any", "_literals", "_text", "reach")
 
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
         # Longest first, so that a secret containing another is replaced whole.
         ordered = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
-        self._text = re.compile("|".join(map(_escaped_any_way, ordered))) if ordered else None
+        self.reach = max((_widest(s) for s in ordered), default=0)
+        """The most bytes one written secret can span (each character in its longest form): text
+        cut short of its end by this much cannot end inside one (`StreamScrubber`)."""
+        # Error text in any case: an upstream may quote the key upper-cased, and there a false
+        # match costs nothing (it is replaced in an error message, not in content).
+        self._text = (
+            re.compile("|".join(_escaped_any_way(s, any_case=True) for s in ordered), re.IGNORECASE)
+            if ordered
+            else None
+        )
         self._bytes_any = re.compile(_escaped_any_way_bytes(ordered)) if ordered else None
         # Content (every relayed success body and stream line) is first searched for the secrets
         # as most encoders write them (`_escaped_usual_ways`), and for an escape only some write
@@ -134,14 +143,17 @@ _SHORT_ESCAPES: Final = {
 """A character and its two-character JSON escape (RFC 8259, "Strings"), as the text holds it."""
 
 
-def _escaped_any_way(secret: str) -> str:
+def _escaped_any_way(secret: str, *, any_case: bool = False) -> str:
     r"""A pattern for `secret` as written or as any JSON encoder may have escaped any of its
     characters (each one on its own: as itself, `\uXXXX` in either case, or its short escape).
-    Every form is ASCII but the characters themselves, so it also works on UTF-8 bytes."""
+    Every form is ASCII but the characters themselves, so it also works on UTF-8 bytes.
+    `any_case`: also each letter's `\uXXXX` in its other case (the pattern is compiled to ignore
+    case, which covers every other form)."""
     parts = []
     for char in secret:
         # Longest first: a secret ending in `\` must take `\u005c` whole, not its backslash alone.
-        forms = ["".join(_unicode_escape(unit) for unit in _utf16(char))]
+        cases = dict.fromkeys([char, char.swapcase()] if any_case and len(char.swapcase()) == 1 else [char])
+        forms = ["".join(_unicode_escape(unit) for unit in _utf16(case)) for case in cases]
         if not char.isalnum() or not char.isascii():  # (what URL encoders encode)
             forms.append("".join(_percent_escape(byte) for byte in char.encode("utf-8", "surrogatepass")))
         if char in _SHORT_ESCAPES:
@@ -149,6 +161,18 @@ def _escaped_any_way(secret: str) -> str:
         forms.append(re.escape(char))
         parts.append(f"(?:{'|'.join(forms)})")
     return "".join(parts)
+
+
+def _widest(secret: str) -> int:
+    """The longest way `_escaped_any_way` and `_percent_forms` may write `secret`, in bytes."""
+    return sum(
+        max(
+            6 * len(_utf16(char)),
+            3 * len(char.encode("utf-8", "surrogatepass")),
+            len(_SHORT_ESCAPES.get(char, "")),
+        )
+        for char in secret
+    )
 
 
 def _escaped_usual_ways(secret: str) -> str:
@@ -223,10 +247,13 @@ class StreamScrubber:
         if cut == 0 and len(data) <= self.MAX_PENDING:
             self._pending = data
             return b""
-        if cut == 0:  # a huge event: on in pieces, each cut at a line's end where it can be
-            cut = data.rfind(b"\n") + 1 or len(data)
+        if cut == 0:
+            # A huge event: on in pieces, each cut at a line's end where it can be (no secret
+            # holds one), else short of the end by as much as a secret can span, so that none is
+            # passed on in two pieces, each too short to be found.
+            cut = data.rfind(b"\n") + 1 or max(len(data) - self._scrubber.reach, 0)
         self._pending = data[cut:]
-        return self._scrub(data[:cut])
+        return self._scrub(data[:cut]) if cut else b""
 
     def flush(self) -> bytes:
         """The rest, at the end of the stream."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -120,11 +122,39 @@ def test_a_stream_is_scrubbed_wherever_its_chunks_are_cut(
 
 
 def test_a_stream_line_longer_than_the_limit_is_passed_on_in_pieces() -> None:
-    scrubber = StreamScrubber(Scrubber([KEY]))
+    scrub = Scrubber([KEY])
+    scrubber = StreamScrubber(scrub)
     big = b"x" * (StreamScrubber.MAX_PENDING + 1)
-    assert scrubber.feed(big) == big
+    # All but as much as one secret can span: the rest may begin one.
+    assert scrubber.feed(big) == big[: len(big) - scrub.reach]
     assert scrubber.feed(b"tail") == b""
-    assert scrubber.flush() == b"tail"
+    assert scrubber.flush() == big[len(big) - scrub.reach :] + b"tail"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    at=st.integers(0, 3 * StreamScrubber.MAX_PENDING),
+    cuts=st.lists(st.integers(0, 4 * StreamScrubber.MAX_PENDING), max_size=5),
+    ways=st.lists(st.integers(0, 3), min_size=len(KEY), max_size=len(KEY)),
+    percent=st.booleans(),
+    inside=st.floats(0, 1),
+)
+def test_a_secret_in_an_event_longer_than_the_limit_is_found_wherever_the_chunks_are_cut(
+    at: int, cuts: list[int], ways: list[int], percent: bool, inside: float
+) -> None:
+    """An event too long to hold whole goes on in pieces: a piece never ends inside a secret,
+    however it is written, wherever the upstream's reads cut it (one read ends inside it)."""
+    written = quote(KEY, safe="") if percent else escaped(KEY, ways)
+    text = b"x" * at + written.encode() + b"x" * (3 * StreamScrubber.MAX_PENDING - at)
+    data = b"data: " + text + b"\n\n"
+    within = len(b"data: ") + at + round(inside * len(written))
+    scrubber = StreamScrubber(Scrubber([KEY]))
+    out, start = [], 0
+    for cut in sorted({min(c, len(data)) for c in [*cuts, within]}):
+        out.append(scrubber.feed(data[start:cut]))
+        start = cut
+    out += [scrubber.feed(data[start:]), scrubber.flush()]
+    assert b"".join(out) == data.replace(written.encode(), REDACTED.encode())
 
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n"], ids=["LF", "CRLF"])
@@ -167,3 +197,12 @@ def test_few_secrets_searched_one_by_one_find_what_the_regex_finds(
     around = st.sampled_from(["", "", "", "x ", "\\n", "\\\\", "é", "\\u00e9", "\\/"])
     content = (data.draw(around) + written + data.draw(around)).encode()
     assert Scrubber(secrets).secrets(content) == Scrubber([*secrets, *UNSEEN]).secrets(content)
+
+
+def test_error_text_loses_a_secret_in_any_case() -> None:
+    """An upstream may quote the key it was sent upper-cased (a log line, an error formatter): error
+    text is scrubbed whatever the case. Content is not: see docs/operations.md."""
+    scrub = Scrubber(["sk-UpStReAm/Key+Secret=0123456789"])
+    assert scrub("bad key SK-UPSTREAM/KEY+SECRET=0123456789.") == f"bad key {REDACTED}."
+    assert scrub("bad key sk-upstream\\/key+secret=0123456789") == f"bad key {REDACTED}"
+    assert scrub.error_bytes(b'{"e": "SK-UPSTREAM%2FKEY%2BSECRET%3D0123456789"}') == b'{"e": "***"}'

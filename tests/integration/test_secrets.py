@@ -422,3 +422,32 @@ def test_a_redirect_is_told_without_userinfo_or_query_whatever_its_location_hold
     words = redirected(302, location)
     assert words.startswith("answered 302") and shown in words
     assert "secret" not in words and "pw" not in words
+
+
+def test_a_key_an_upstream_upper_cases_in_its_error_leaves_by_no_door(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Error text is scrubbed whatever the case the upstream wrote the key in: the relayed errors,
+    a stream's error event, the records, the connection's last error, the events and the log."""
+    shouted = ODD_KEY.upper()
+
+    def error(form: str) -> str:
+        return '{"error": {"message": "INVALID KEY ' + form + '", "type": "invalid"}}'
+
+    json_type = {"content-type": "application/json"}
+    proxy, texts = _every_door(
+        launch,
+        upstreams,
+        caplog,
+        ODD_KEY,
+        Reply("error", status=400, body=error(_php(shouted)), headers=json_type),
+        Reply("error", status=429, body=error(shouted.lower()), headers=json_type),
+        Reply("error", status=400, body=error(_every_char(shouted)), headers=json_type),
+        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "ok"}}]}', headers=json_type),
+        Reply("error", status=200, body=_error_stream(error(_go(shouted))), headers={"content-type": "text/event-stream"}),
+        Reply("error", status=401, body=error(shouted)),
+    )  # fmt: skip
+    assert proxy.connection("one-1")["lastError"].startswith("401: ")
+    forms = {f.lower() for f in (*ODD_FORMS, shouted, _php(shouted), _go(shouted), _every_char(shouted))}
+    assert [t for t in texts if any(form in t.lower() for form in forms)] == []
+    assert any("INVALID KEY ***" in t for t in texts)
