@@ -86,6 +86,7 @@ CONSOLE_MAY_IMPORT = {
     "proxy.logs",
     "proxy.demo",
     "proxy.sse",  # the server-sent events format, to read the live stream
+    "proxy.scrub",  # the one scrubber: the CLI keeps its own token out of what it prints
 }
 
 

@@ -7,6 +7,7 @@ anything else → 1. httpx is imported by the commands that call an instance, ne
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from omniroute_tui.cli.exit_codes import AuthRefused, InvalidValue, NoInstance, NotFound, Unexpected
+from proxy.scrub import Scrubber, StreamScrubber
 
 if TYPE_CHECKING:
     import httpx
@@ -132,10 +134,10 @@ def check_url(url: str) -> str | None:
     return None
 
 
-def _error_of(response: httpx.Response) -> tuple[str | None, list[dict[str, Any]]]:
+def _error_of(content: bytes) -> tuple[str | None, list[dict[str, Any]]]:
     """The `{error: {message, fields}}` of an omniroute answer; (None, []) for anyone else's."""
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
         return None, []
     error = body.get("error") if isinstance(body, dict) else None
@@ -153,6 +155,9 @@ class Api:
 
         self.target = target
         self.timeout_s = timeout
+        # The token is this client's secret: a server may quote the headers it was sent (a debug
+        # page, a proxy's error), and nothing it answers is printed with the token in it.
+        self._scrub = Scrubber([target.token])
         headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
         try:
             self._client = httpx.Client(
@@ -218,8 +223,9 @@ class Api:
                 if response.status_code != 200:
                     response.read()
                     self._answer("GET", path, response, None)
+                withheld = StreamScrubber(self._scrub)
                 for chunk in response.iter_raw():
-                    for event in parser.feed(chunk):
+                    for event in parser.feed(withheld.feed(chunk)):
                         data = event.json_object()
                         if data is not None:
                             yield event.event, data
@@ -233,7 +239,12 @@ class Api:
     def _answer(self, method: str, path: str, response: httpx.Response, names: str | None) -> Any:
         status = response.status_code
         url = self.target.url
-        message, fields = _error_of(response)
+        scrub = self._scrub
+        content = scrub.secrets(response.content)
+        message, fields = _error_of(content)
+        if message is not None:
+            message = scrub(message)
+            fields = [{k: scrub(v) if isinstance(v, str) else v for k, v in f.items()} for f in fields]
         if status in (401, 403):
             if status == 401 and self.target.token is None:
                 raise AuthRefused(f"{url} needs a management token: {TOKEN_HINT}")
@@ -257,10 +268,11 @@ class Api:
             raise InvalidValue(f"rejected by {url}: {detail}")
         if status >= 300:
             # (what some other server said, an HTML page as often as not: its layout folded)
-            detail = message or " ".join(response.text.split())[:200] or response.reason_phrase
+            text = content.decode(response.encoding or "utf-8", "replace")
+            detail = message or scrub(" ".join(text.split()))[:200] or response.reason_phrase
             raise Unexpected(f"{url} answered {status} to {method} {path}: {detail}")
         try:
-            return response.json()
+            return json.loads(content)
         except ValueError:
             raise Unexpected(
                 f"{url} answered {method} {path} with something that is not JSON; is it an omniroute instance?"

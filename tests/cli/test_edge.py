@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable, Iterator
 
@@ -305,3 +306,54 @@ def test_help_text_has_no_swallowed_markup_or_double_space(command: list[str]) -
     assert [line for line in text.splitlines() if re.search(r"[a-z,.;:')]  +[a-z]", line)] == []
     if "Instance to talk to" in text:  # the --url option's help
         assert "the config's [server] host and port" in text
+
+
+def echoing_app(kind: str) -> Starlette:
+    """A server that quotes the Authorization header it was sent, in one `kind` of answer to every
+    request: an error page (as debug pages do), a rejected field, a 403's reason, a 200's JSON
+    (JSON-escaped), or an event of the live stream."""
+
+    async def answer(request: Request) -> Response:
+        sent = request.headers.get("authorization", "")
+        if kind == "page500":
+            return PlainTextResponse(f"<html>headers: {sent}</html>", status_code=500)
+        if kind == "fields400":
+            return JSONResponse(
+                {"error": {"message": "bad", "fields": [{"field": "x", "message": sent}]}}, 400
+            )
+        if kind == "forbidden403":
+            return JSONResponse({"error": {"message": f"forbidden for {sent}"}}, 403)
+        if kind == "stream":
+            data = json.dumps(
+                {"seq": 1, "ts": 0, "layer": "breaker", "key": sent, "from": "A", "to": "B", "reason": "x"}
+            )
+            return Response(f"id: 1\nevent: event\ndata: {data}\n\n", media_type="text/event-stream")
+        document = {"providerBreakers": [{"echo": sent}]}
+        return Response(json.dumps(document).replace("/", "\\/"), media_type="application/json")
+
+    return Starlette(
+        routes=[Route("/{path:path}", answer, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "args"),
+    [
+        pytest.param("page500", ["status"], id="500-page"),
+        pytest.param(
+            "fields400", ["settings", "set", "requestQueue.autoEnableApiKeyProviders=false"], id="400-fields"
+        ),
+        pytest.param("forbidden403", ["lockouts"], id="403"),
+        pytest.param("json200", ["breakers", "--json"], id="200-json"),
+        pytest.param("stream", ["events", "--follow", "--json"], id="stream"),
+    ],
+)
+def test_a_server_echoing_the_token_never_gets_it_printed(kind: str, args: list[str]) -> None:
+    """Debug pages and proxies quote the headers they were sent: the CLI's own token is its secret
+    too, and leaves by no door (stdout, stderr), whatever a server answers."""
+    token = "Echo/Token+0123456789"
+    with serve(echoing_app(kind)) as server:
+        result = run(*args, "--url", server.url, env={"OMNIROUTE_MANAGEMENT_TOKEN": token})
+    printed = result.stdout + result.stderr
+    assert token not in printed and token.replace("/", "\\/") not in printed, printed
+    assert "***" in printed, printed
