@@ -51,6 +51,7 @@ from proxy.readmodel import (
     stats_report,
 )
 from proxy.resilience.errors import FieldError, SettingsError
+from proxy.scrub import Scrubber, StreamScrubber
 from proxy.sse import SSEParser
 
 log = logging.getLogger("omniroute.tui")
@@ -462,13 +463,15 @@ def _unanswered(url: str, exc: httpx.TransportError) -> RemoteError:
     return RemoteError(f"{url} did not answer ({broke}): the change may or may not have been made")
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response, scrub: Scrubber) -> str:
+    """What the instance said was wrong, without the console's own token (a server may quote the
+    headers it was sent)."""
     try:
         error = response.json().get("error", {})
         message = error.get("message")
     except (ValueError, AttributeError):
         message = None
-    return message if isinstance(message, str) else f"{response.status_code} {response.reason_phrase}"
+    return scrub(message) if isinstance(message, str) else f"{response.status_code} {response.reason_phrase}"
 
 
 class RemoteOperator:
@@ -478,6 +481,7 @@ class RemoteOperator:
     def __init__(self, url: str, token: str | None) -> None:
         self._url = url
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._scrub = Scrubber([token])
 
     def _call(self, method: str, path: str, body: object = None, *, name: str = "") -> dict[str, Any]:
         with httpx.Client(base_url=self._url, headers=self._headers, timeout=10.0, trust_env=False) as client:
@@ -488,7 +492,9 @@ class RemoteOperator:
         if response.status_code == 404 and name:
             raise KeyError(name)
         if response.status_code != 200:
-            raise RemoteError(f"{self._url} answered {method} {path}: {_error_message(response)}")
+            raise RemoteError(
+                f"{self._url} answered {method} {path}: {_error_message(response, self._scrub)}"
+            )
         answer: dict[str, Any] = response.json()
         return answer
 
@@ -534,6 +540,7 @@ class RemoteSettings:
         self._mirror = mirror
         self._url = url
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._scrub = Scrubber([token])
 
     def document(self, group: str) -> dict[str, Any]:
         return self._mirror.settings_document(group)
@@ -552,11 +559,12 @@ class RemoteSettings:
                 raise _unanswered(self._url, exc) from exc
         if response.status_code == 400:
             fields = response.json().get("error", {}).get("fields") or []
+            scrub = self._scrub
             raise SettingsError(
-                [FieldError(str(f.get("field", "")), str(f.get("message", ""))) for f in fields]
+                [FieldError(str(f.get("field", "")), scrub(str(f.get("message", "")))) for f in fields]
             )
         if response.status_code != 200:
-            raise RemoteError(f"not saved: {_error_message(response)}")
+            raise RemoteError(f"not saved: {_error_message(response, self._scrub)}")
         document: dict[str, Any] = response.json()
         self._mirror.apply("settings", {group: document})  # the card reads it back at once
         return document
@@ -587,6 +595,12 @@ class Remote:
         self.on_status = on_status
         self.connected = False
         self.ever_connected = False
+        self._scrub = Scrubber([token])
+        """The console's own token out of what the instance sends (a server may quote the headers it
+        was sent): nothing shown holds it."""
+        self.refused: str | None = None
+        """Why the instance refused the stream (401/403), while it does: retrying cannot help
+        until the operator acts, so the status line says so rather than `reconnecting…`."""
         self.last_event_id: str | None = None
         self.reconnects = 0
         self.requests_followed = True
@@ -601,6 +615,8 @@ class Remote:
     def status(self) -> str:
         if self.connected:
             return f"attached to {self.url}"
+        if self.refused is not None:
+            return f"{self.url} {self.refused}: retrying"
         return f"reconnecting… {self.url}" if self.ever_connected else f"connecting… {self.url}"
 
     def start(self) -> None:
@@ -638,9 +654,9 @@ class Remote:
             headers["Last-Event-ID"] = self.last_event_id
         return headers
 
-    def _link(self, connected: bool) -> None:
-        if connected != self.connected:
-            self.connected = connected
+    def _link(self, connected: bool, refused: str | None = None) -> None:
+        if connected != self.connected or refused != self.refused:
+            self.connected, self.refused = connected, refused
             self.ever_connected = self.ever_connected or connected
             self.on_status(self.status)
 
@@ -651,12 +667,24 @@ class Remote:
             while True:
                 try:
                     url = STREAM if self.requests_followed else STREAM + WITHOUT_REQUESTS
+                    refused = None
                     async with client.stream("GET", url, headers=self._headers()) as response:
+                        if response.status_code in (401, 403):
+                            refused = (
+                                (
+                                    "needs a management token"
+                                    if self.token is None
+                                    else "refused the management token"
+                                )
+                                if response.status_code == 401
+                                else "refused this console (403)"
+                            )
                         if response.status_code != 200:
                             raise RemoteError(f"{STREAM} answered {response.status_code}")
                         parser = SSEParser()
+                        withheld = StreamScrubber(self._scrub)
                         async for chunk in response.aiter_raw():
-                            for message in parser.feed(chunk):
+                            for message in parser.feed(withheld.feed(chunk)):
                                 data = message.json_object()
                                 if message.id is not None and message.event != "ping":
                                     self.last_event_id = message.id
@@ -674,7 +702,7 @@ class Remote:
                 except Unreadable as exc:
                     log.warning("%s: %s; attaching again", self.url, exc)
                     self.last_event_id = None  # a fresh snapshot: the mirror may hold half of this one
-                self._link(False)
+                self._link(False, refused)
                 self.reconnects += 1
                 await asyncio.sleep(delay)
                 delay = min(BACKOFF_MAX_S, delay * 2)

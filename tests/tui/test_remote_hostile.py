@@ -117,3 +117,102 @@ async def test_a_statistics_answer_the_console_cannot_read_does_not_stop_the_pol
         await until(lambda: instance.polls >= 6, "the statistics polled again after the bad answer")
     finally:
         await remote.stop()
+
+
+class Refusing(Instance):
+    """Sends one snapshot and ends the stream (the instance stopped); every later stream is
+    answered 401 (it came back with a management token the console does not have)."""
+
+    async def stream(self, request: Request) -> Response:
+        self.streams += 1
+        if self.streams > 1:
+            return JSONResponse({"error": {"message": "missing or wrong management token"}}, 401)
+        body = f"id: inst-1\nevent: snapshot\ndata: {json.dumps(self.snapshots[0])}\n\n"
+        return Response(body, media_type="text/event-stream")
+
+
+@pytest.mark.parametrize("token", [None, "a-token-0123456789"])
+async def test_a_refused_token_after_a_reconnect_says_so_not_reconnecting(
+    serving: Callable[[Instance], str], monkeypatch: pytest.MonkeyPatch, token: str | None
+) -> None:
+    """An instance restarted with another management token answers the console's stream with 401:
+    retrying cannot help until the operator acts, so the status line says what is wrong (and the
+    console goes on trying, for the token may be put back)."""
+    monkeypatch.setattr("omniroute_tui.remote.BACKOFF_START_S", 0.05)
+    instance = Refusing([good_snapshot()], [{}])
+    statuses: list[str] = []
+    url = serving(instance)
+    remote = Remote(url, token, on_status=statuses.append)
+    remote.start()
+    try:
+        await until(lambda: instance.streams >= 3, "the console to try again after the refusal")
+        refused = "needs a management token" if token is None else "refused the management token"
+        assert remote.status == f"{url} {refused}: retrying"
+        assert statuses[0] == f"attached to {url}" and statuses[-1] == remote.status
+    finally:
+        await remote.stop()
+
+
+TOKEN = "Console/Token+0123456789"
+
+
+class Echoing(Instance):
+    """Quotes the console's Authorization back: in an event on the stream, in an action's error and
+    in a refused setting's field."""
+
+    async def stream(self, request: Request) -> Response:
+        sent = request.headers.get("authorization", "")
+        event = {
+            "seq": 1,
+            "ts": 0,
+            "layer": "breaker",
+            "key": "p",
+            "from": "CLOSED",
+            "to": "OPEN",
+            "reason": sent,
+        }
+        body = (
+            f"id: inst-1\nevent: snapshot\ndata: {json.dumps(self.snapshots[0])}\n\n"
+            f"id: inst-2\nevent: event\ndata: {json.dumps(event)}\n\n"
+        )
+
+        async def events() -> AsyncIterator[bytes]:
+            yield body.encode()
+            while True:
+                await asyncio.sleep(0.2)
+                yield b": ping\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def refuse(self, request: Request) -> Response:
+        sent = request.headers.get("authorization", "")
+        fields = [{"field": "requestQueue.maxWaitMs", "message": f"not for {sent}"}]
+        status = 400 if request.method == "PATCH" else 500
+        return JSONResponse({"error": {"message": f"no, {sent}", "fields": fields}}, status)
+
+    def app(self) -> Starlette:
+        routes = [Route("/api/stream", self.stream), Route("/api/stats", self.stats_answer)]
+        routes.append(Route("/api/{path:path}", self.refuse, methods=["POST", "PATCH", "DELETE"]))
+        return Starlette(routes=routes)
+
+
+async def test_nothing_the_attached_console_shows_holds_its_own_token(
+    serving: Callable[[Instance], str],
+) -> None:
+    from omniroute_tui.remote import RemoteError
+    from proxy.resilience.errors import SettingsError
+
+    remote = Remote(serving(Echoing([good_snapshot()], [{}])), TOKEN)
+    remote.start()
+    try:
+        await until(lambda: any(e.key == "p" for e in remote.mirror.events_after(0)), "the echoed event")
+        [event] = [e for e in remote.mirror.events_after(0) if e.key == "p"]
+        assert event.reason == "Bearer ***"
+        with pytest.raises(RemoteError) as failed:
+            await asyncio.to_thread(remote.operator.reset_breakers, "p")
+        assert TOKEN not in str(failed.value) and "***" in str(failed.value)
+        with pytest.raises(SettingsError) as refused:
+            await remote.settings.patch({"requestQueue": {"maxWaitMs": 1}}, "resilience")
+        assert [f.message for f in refused.value.fields] == ["not for Bearer ***"]
+    finally:
+        await remote.stop()
