@@ -101,6 +101,7 @@ class Mirror:
         self.ready = False
         """A snapshot has been applied: the mirror says something."""
         self._started_at = clock()
+        self._frozen_at: float | None = None
         self._instance = ""
         self._changes = 0
         self._breakers: dict[str, tuple[BreakerView, float]] = {}
@@ -306,7 +307,20 @@ class Mirror:
     # -- the read model ----------------------------------------------------------------------------
 
     def now(self) -> float:
-        return self._clock()
+        """The instance's present as the console shows it: while the stream is down (`freeze`), the
+        moment it went, so that what is shown stays as of then (see `freeze`)."""
+        frozen = self._frozen_at
+        return self._clock() if frozen is None else frozen
+
+    def freeze(self) -> None:
+        """The stream is down: show what the instance said last, as of now, until `thaw`. Nothing
+        moves on by the console's clock alone (the uptime, a request's age, a countdown, a breaker
+        turning HALF_OPEN): the instance, which alone knows, may have done anything meanwhile."""
+        if self._frozen_at is None:
+            self._frozen_at = self._clock()
+
+    def thaw(self) -> None:
+        self._frozen_at = None
 
     @property
     def started_at(self) -> float:
@@ -655,6 +669,10 @@ class Remote:
         return headers
 
     def _link(self, connected: bool, refused: str | None = None) -> None:
+        if connected:
+            self.mirror.thaw()
+        else:
+            self.mirror.freeze()
         if connected != self.connected or refused != self.refused:
             self.connected, self.refused = connected, refused
             self.ever_connected = self.ever_connected or connected

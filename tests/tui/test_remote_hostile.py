@@ -216,3 +216,32 @@ async def test_nothing_the_attached_console_shows_holds_its_own_token(
         assert [f.message for f in refused.value.fields] == ["not for Bearer ***"]
     finally:
         await remote.stop()
+
+
+async def test_what_an_attached_console_shows_stands_still_while_the_stream_is_down(
+    serving: Callable[[Instance], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the instance is away the console shows what it said last, as of then: the uptime, a
+    request's age and a countdown do not move on, and no breaker turns HALF_OPEN by itself (the
+    instance, which alone knows, may have done anything meanwhile). Back, the clock runs again."""
+    from omniroute_tui.remote import Mirror, wall_ms
+
+    monkeypatch.setattr("omniroute_tui.remote.BACKOFF_START_S", 0.05)
+    clock = [wall_ms()]
+    mirror = Mirror(clock=lambda: clock[0])
+    instance = Refusing([good_snapshot()], [{}])  # one snapshot, then the stream ends: away
+    remote = Remote(serving(instance), None, mirror=mirror)
+    remote.start()
+    try:
+        await until(lambda: instance.streams >= 2 and not remote.connected, "the stream to drop")
+        shown = mirror.now()
+        breakers = mirror.breakers(shown)
+        assert any(b.state == "OPEN" for b in breakers)  # (the demo-sized state has some)
+        clock[0] += 3_600_000  # an hour away
+        assert mirror.now() == shown
+        assert mirror.breakers(mirror.now()) == breakers
+        remote._link(True)  # back (as a snapshot makes it)
+        assert mirror.now() == clock[0]
+        assert all(b.state != "OPEN" for b in mirror.breakers(mirror.now()))
+    finally:
+        await remote.stop()
