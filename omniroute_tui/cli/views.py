@@ -340,7 +340,7 @@ def _connection_rows(
             state_cell(c["status"]),
             cell(duration(c["cooldownRemainingMs"]), cooldown_style),
             cell(c["backoffLevel"]),
-            cell(fmt.clip(c["lastError"], ERROR_WIDTH) if c["lastError"] else None),
+            cell(fmt.clip(fmt.readable_error(c["lastError"]), ERROR_WIDTH) if c["lastError"] else None),
             cell(c["errorCode"]),
             cell(last_value(c)),
             *((cell(text) for text in _traffic(stats.get(c["id"]))) if stats is not None else ()),

@@ -300,3 +300,20 @@ def answering(documents: dict[str, Any]) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def test_a_last_error_is_written_as_the_console_writes_it(proxy: Instance) -> None:
+    """`503 the model server is overloaded`, not `503: {"error":{"message":"the model ser…`: in a
+    40-character column the wrapper would leave no room for what the upstream said."""
+    from omniroute_tui import format as fmt
+
+    said = '503: {"error": {"message": "the model server is overloaded", "type": "server_error"}}'
+    conn = proxy.engine.connections["alpha-1"]
+    policy = proxy.engine.settings.cooldown_policy(proxy.engine.providers["alpha"].spec.provider_class)
+    conn.health.record_failure(proxy.clock.now(), policy, error=said, error_type="server_error", code=503)
+    assert fmt.readable_error(said) == "503 the model server is overloaded"
+    for view in ("connections", "cooldowns"):
+        result = proxy.cli(view)
+        assert result.code == 0, result.stderr
+        assert "503 the model server is overloaded" in result.stdout, result.stdout
+        assert '{"error"' not in result.stdout
