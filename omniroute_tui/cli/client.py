@@ -216,6 +216,7 @@ class Api:
 
         url = self.target.url
         parser = SSEParser()
+        opened = False
         try:
             with self._client.stream(
                 "GET", path, timeout=httpx.Timeout(self.timeout_s, read=None)
@@ -223,6 +224,7 @@ class Api:
                 if response.status_code != 200:
                     response.read()
                     self._answer("GET", path, response, None)
+                opened = True
                 withheld = StreamScrubber(self._scrub)
                 for chunk in response.iter_raw():
                     for event in parser.feed(withheld.feed(chunk)):
@@ -233,6 +235,8 @@ class Api:
             raise self._hung() from None
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
+            if not opened:  # nothing there to follow: as `call` says it
+                raise NoInstance(f"no omniroute instance at {url} ({reason}); {START_HINT}") from None
             raise NoInstance(f"the stream from {url} broke ({reason})") from None
         raise NoInstance(f"{url} ended the stream: the instance stopped")
 

@@ -123,9 +123,14 @@ def test_2_no_arguments_prints_help() -> None:
     assert "Usage: omniroute" in result.stdout + result.stderr
 
 
-def test_3_nothing_listening() -> None:
+@pytest.mark.parametrize(
+    "command", [["status"], ["events", "--follow"], ["requests", "--follow"]], ids=lambda c: " ".join(c)
+)
+def test_3_nothing_listening(command: list[str]) -> None:
+    """The same words whether the command asks once or follows the stream: a stream that never
+    opened did not break, there was nothing to follow."""
     url = FakeUpstream.refused_url().removesuffix("/v1")
-    result = run("status", "--url", url)
+    result = run(*command, "--url", url)
     assert result.code == 3
     message = one_line(result)
     assert message.startswith(f"no omniroute instance at {url} (")
