@@ -544,14 +544,19 @@ def request_detail(r: RequestView) -> Detail:
     """The trail in words, one line per skip, wait and attempt:
     `key-a  skipped  cooling 12 s (429 rate_limited)` / `key-b  429 in 180 ms → fallback` /
     `ollama-1  200 in 2.1 s, TTFT 340 ms, 512 tokens`."""
-    lines: list[tuple[str, str]] = []
+    # In the order it happened: what was passed over or waited for before attempt i, then it.
+    attempts = len(r.attempts)
+    before: list[list[tuple[str, str]]] = [[] for _ in range(attempts + 1)]
     for skip in r.skipped:
         who = visible(skip.connection_id or skip.target)
-        lines.append((f"{who}  skipped  {visible(skip.reason)}", fmt.WARN))
+        before[min(skip.after, attempts)].append((f"{who}  skipped  {visible(skip.reason)}", fmt.WARN))
     for wait in r.waits:
-        lines.append((f"waited {fmt.latency(wait.ms)}  {visible(wait.reason)}", fmt.PROBE))
-    last = len(r.attempts) - 1
+        line = (f"waited {fmt.latency(wait.ms)}  {visible(wait.reason)}", fmt.PROBE)
+        before[min(wait.after, attempts)].append(line)
+    lines: list[tuple[str, str]] = []
+    last = attempts - 1
     for i, a in enumerate(r.attempts):
+        lines += before[i]
         status = str(a.status) if a.status is not None else visible(a.reason)
         text = f"{visible(a.connection_id)}  {status} in {fmt.latency(a.duration_ms)}"
         if a.outcome == "ok" and i == last:
@@ -564,6 +569,7 @@ def request_detail(r: RequestView) -> Detail:
         words = fmt.OUTCOME_WORDS[a.outcome]
         style = fmt.OK if a.outcome == "ok" else fmt.BAD if a.outcome in ("fallback", "returned") else fmt.OFF
         lines.append((f"{text} {words}".rstrip(), style))
+    lines += before[attempts]
     if not (r.skipped or r.waits or r.attempts):
         lines.append(("no upstream was tried", fmt.OFF))
     if r.message:

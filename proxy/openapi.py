@@ -64,6 +64,11 @@ _TIME: Schema = _nullable(
     "string", format="date-time", description="ISO 8601 UTC, e.g. 2026-01-01T00:00:00.000Z"
 )
 _MS: Schema = {"type": "integer", "minimum": 0, "description": "milliseconds"}
+_AFTER: Schema = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "how many of the request's attempts came before it: where it goes in the trail told in order",
+}
 _CLASS: Schema = {"type": "string", "enum": ["oauth", "apikey", "local"]}
 _BREAKER_STATE: Schema = {"type": "string", "enum": ["CLOSED", "DEGRADED", "OPEN", "HALF_OPEN"]}
 _SKIP_REASONS = (
@@ -332,9 +337,10 @@ def _schemas() -> dict[str, Schema]:
                     "description": "in words: `cooling 12 s (429 rate_limited)`, `breaker OPEN, probe in 8 s`",
                 },
                 "retryAfterMs": _nullable("integer", minimum=0),
+                "after": _AFTER,
             }
         ),
-        "Wait": _obj({"ms": _MS, "reason": _STR}),
+        "Wait": _obj({"ms": _MS, "reason": _STR, "after": _AFTER}),
         "Request": _obj(
             {
                 "id": {**_STR, "description": "the X-Request-Id the client received"},

@@ -322,6 +322,9 @@ class SkipView:
     reason: str
     """In words: "cooling 12 s (429 rate_limited)", "breaker OPEN, probe in 8 s"..."""
     retry_after_ms: int | None
+    after: int = 0
+    """How many of the request's attempts came before it (the latest time it was passed over):
+    where it goes in the trail told in order."""
 
     def to_api(self) -> dict[str, object]:
         return {
@@ -329,6 +332,7 @@ class SkipView:
             "connectionId": self.connection_id,
             "reason": self.reason,
             "retryAfterMs": self.retry_after_ms,
+            "after": self.after,
         }
 
 
@@ -336,9 +340,11 @@ class SkipView:
 class WaitView:
     ms: float
     reason: str
+    after: int = 0
+    """How many of the request's attempts came before it, as `SkipView.after`."""
 
     def to_api(self) -> dict[str, object]:
-        return {"ms": round(self.ms), "reason": self.reason}
+        return {"ms": round(self.ms), "reason": self.reason, "after": self.after}
 
 
 @dataclass(frozen=True, slots=True)
@@ -955,16 +961,22 @@ def request_view(data: Mapping[str, Any]) -> RequestView:
                 connection_id=_text(k.get("connectionId")),
                 reason=str(k.get("reason", "")),
                 retry_after_ms=k.get("retryAfterMs") if isinstance(k.get("retryAfterMs"), int) else None,
+                after=_count(k.get("after")),
             )
             for k in data.get("skipped", [])
             if isinstance(k, Mapping)
         ),
         waits=tuple(
-            WaitView(_ms(w.get("ms")) or 0.0, str(w.get("reason", "")))
+            WaitView(_ms(w.get("ms")) or 0.0, str(w.get("reason", "")), _count(w.get("after")))
             for w in data.get("waits", [])
             if isinstance(w, Mapping)
         ),
     )
+
+
+def _count(value: object) -> int:
+    """A count the API sent (`after`), or 0 for anything else (an older instance sends none)."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 _OUTCOMES: dict[object, AttemptOutcome] = {

@@ -289,11 +289,12 @@ class Trail:
         skipped = record.skipped
         if skipped is None:
             skipped = record.skipped = []
+        after = len(record.attempts)
         for skip in skips:
             if skip.reason == "already_tried":
                 continue
             retry = None if skip.retry_at is None else max(0, int(skip.retry_at - now))
-            view = SkipView(skip.target, skip.connection_id, self._words(skip, now), retry)
+            view = SkipView(skip.target, skip.connection_id, self._words(skip, now), retry, after)
             # One entry per target and connection: a request that meets the same cooling key
             # again (after a wait, say) keeps the latest words about it.
             at = next(
@@ -350,7 +351,7 @@ class Trail:
             reason += f"; waited for {ready.connection_id or ready.target} ({ready.reason})"
         if record.waits is None:
             record.waits = []
-        record.waits.append(WaitView(ms, reason))
+        record.waits.append(WaitView(ms, reason, len(record.attempts)))
 
     def first_byte(self, record: RequestRecord) -> None:
         record.ttft_ms = self.clock.now() - record.started_at

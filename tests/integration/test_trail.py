@@ -152,6 +152,23 @@ def test_a_wait_is_in_the_trail_and_the_record_says_waiting_meanwhile(
     assert [t["outcome"] for t in rec["attempts"]] == ["fallback", "fallback", "ok"]
     assert {s["connectionId"] for s in rec["skipped"]} == {"one-1", "two-1"}
     assert rec["durationMs"] == 2050
+    # Where each skip and wait came among the attempts: both connections failed, then were passed
+    # over as cooling, then the request waited, then it tried again.
+    assert [s["after"] for s in rec["skipped"]] == [2, 2] and [w["after"] for w in rec["waits"]] == [2]
+    # The console tells the trail in that order (the read model decoded from this JSON, as an
+    # attached console reads it; a hosted one reads the same views).
+    from omniroute_tui.snapshot import request_detail
+    from proxy.readmodel import request_view
+
+    told = [text for text, _ in request_detail(request_view(rec)).lines]
+    assert [line.split(" (")[0].split(", ")[0] for line in told[:6]] == [
+        "one-1  503 in 0 ms",
+        "two-1  503 in 0 ms",
+        "one-1  skipped  cooling 2 s",
+        "two-1  skipped  cooling 2 s",
+        "waited 2.0 s  nothing eligible; waited for one-1",
+        "one-1  200 in 0 ms",
+    ]
     proxy.settled()
 
 
