@@ -55,6 +55,7 @@ log = logging.getLogger("omniroute.tui")
 
 TABLE_TABS = ("breakers", "connections", "lockouts", "events", "requests")
 SHORT_ROWS = 20
+WIDE_COLUMNS = 90
 
 
 class OmniRouteApp(App[int]):
@@ -65,6 +66,9 @@ class OmniRouteApp(App[int]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_ROWS, "-tall")]  # noqa: RUF012
     """A terminal shorter than SHORT_ROWS hides the detail panes (omniroute.tcss), so that every
     table keeps its header and at least three rows down to 40x12."""
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_COLUMNS, "-wide")]  # noqa: RUF012
+    """A terminal narrower than WIDE_COLUMNS spaces the tabs by one cell instead of two, so that
+    all seven fit in 80 columns (omniroute.tcss)."""
     COMMANDS = App.COMMANDS | {ConsoleCommands}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("1", "show_tab('overview')", "Overview", show=False, id="tab-overview"),
