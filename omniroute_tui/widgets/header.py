@@ -22,6 +22,9 @@ Spans = list[tuple[str, Style]]
 
 BARS = "▁▂▃▄▅▆▇█"
 SPARKLINE_WIDTH = 20
+MIN_SPARKLINE = 6
+"""The fewest bars the rate line keeps when the terminal is too narrow for the counts beside it."""
+RATE_LABEL = " req/s "
 
 BRAND = Style(bold=True, reverse=True)
 DIM = Style(dim=True)
@@ -107,11 +110,15 @@ class StatusHeader(Widget):
             left = Strip(segments(title(header), base))
             right = Strip(segments(mode(header), base))
         else:
+            told = segments(counts(header), base)
+            # The sparkline gives way to the counts on a narrow terminal (down to MIN_SPARKLINE).
+            spare = width - len(RATE_LABEL) - sum(segment.cell_length for segment in told)
+            bars = sparkline(header.rates, max(MIN_SPARKLINE, min(SPARKLINE_WIDTH, spare)))
             left = Strip(
                 [
-                    Segment(" req/s ", self._style("muted")),
-                    *(Segment(bar, self._style(f"bar{level}")) for bar, level in sparkline(header.rates)),
-                    *segments(counts(header), base),
+                    Segment(RATE_LABEL, self._style("muted")),
+                    *(Segment(bar, self._style(f"bar{level}")) for bar, level in bars),
+                    *told,
                 ]
             )
             right = Strip([])

@@ -197,3 +197,20 @@ async def test_breaker_tiles_that_grow_wrap_onto_a_row_the_bar_grows_for() -> No
         bar.show_tiles(tuple(_tile(n) for n in names), relayout=False)  # the traffic stopped
         await settle(pilot)
         assert bar.size.height == 3
+
+
+@pytest.mark.parametrize("width", [80, 100])
+async def test_at_80_columns_the_counts_line_keeps_every_count_and_the_rate_line_gives_way(
+    width: int,
+) -> None:
+    """The sparkline is what a narrow terminal can spare: the counts (open breakers, cooling,
+    lockouts, requests and failures) are what the operator reads."""
+    app = snapshot_app()
+    async with app.run_test(size=(width, 24)) as pilot:
+        await settle(pilot)
+        counts = app.status.line_text(1)
+        assert len(counts.rstrip()) <= width and "…" not in counts, counts
+        assert counts.rstrip().endswith("failed"), counts
+        assert "OPEN 1" in counts and "cooling 2" in counts and "lockouts 4" in counts
+        bars = sum(c in BARS for c in counts)
+        assert bars == 20 if width >= 100 else 6 <= bars < 20
