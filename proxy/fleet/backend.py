@@ -600,11 +600,13 @@ class FleetState:
         slot = (job.kind, job.ident)
         for _ in range(MAX_REPLAYS):
             record, version = self._cache.get(slot, (None, 0))
-            if not job.by_operator and job.at < self._acted.get(slot, -1.0):
+            if job.at < self._acted.get(slot, -1.0):
                 # Decided before an operator reset or re-enabled this record (on another replica,
                 # whose action landed first): replayed now it would undo the action (a reset key
                 # cooling again, a re-enabled model locked again), which on one process it never
-                # could, having come first. The operator's word stands.
+                # could, having come first. The operator's word stands. So does the later operator's
+                # against an earlier one landing late: that reset cleared all this one could, and
+                # what came after it (a 429 since) is not this one's to clear.
                 if self._pending.get(slot, 0) <= 1:
                     self._adopt(job.kind, job.ident, record)
                 break

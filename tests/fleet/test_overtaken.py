@@ -206,3 +206,32 @@ def test_an_operator_reenable_is_not_undone_by_a_failure_decided_before_it(
     assert redis.hget(f"{prefix}l:keys:key-1:m1", "r") in ("", None)
     for runtime in (a, b):
         assert runtime.engine.lockouts.get("keys", "key-1", "m1") is None
+
+
+def test_an_older_operator_reset_landing_late_does_not_undo_what_came_after_a_newer_one(
+    fleet: tuple[asyncio.AbstractEventLoop, list[Runtime], Any, str],
+) -> None:
+    """Two operators reset key-1 a millisecond apart, through B and then A; A's key then answers a
+    429. B's reset reaches Redis last (its write was slow): it was made before A's, which already
+    cleared all it could clear, so landing late it must not clear the 429 that came after A's reset
+    (on one process the two resets come first, in their order, and the 429 after them).
+
+    Found by tests/fleet/test_overlap.py (one run, flaky by timing): B's older reset landed after
+    A's reset and A's 429 and cleared the cooldown, which no order of the three could give."""
+    loop, (a, b), redis, prefix = fleet
+    later = a_429(a, 60)  # selected before anyone resets anything: key-1 is usable
+
+    def operator_then_a_429() -> None:
+        a.engine.reset_connection("key-1")
+        a.engine.clock.advance(1)  # type: ignore[attr-defined]
+        a.engine.record(*later)
+
+    held_until_the_operator_acts(b, a, operator_then_a_429, redis, prefix, lambda: None)
+    b.engine.reset_connection("key-1")  # B's operator acts first; its write is held meanwhile
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+
+    shared = json.loads(redis.hget(f"{prefix}c:key-1", "r"))
+    now = a.engine.clock.now()
+    assert shared["rate_limited_until"] == pytest.approx(now + 60_000)  # A's 429 stands
+    for runtime in (a, b):
+        assert runtime.engine.connections["key-1"].health.to_record() == shared
