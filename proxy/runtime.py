@@ -33,6 +33,8 @@ from proxy.settings import (
     StaleSettingsChange,
     apply_env_overrides,
     defaults,
+    field,
+    leaves,
 )
 from proxy.store import BadRecord, MemoryStore, SqliteStore, StateStore, StoredState
 from proxy.stream import StreamHub
@@ -248,12 +250,18 @@ class Runtime:
 
     # ------------------------------------------------------------------ settings
 
-    async def patch_settings(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
+    async def patch_settings(
+        self, patch: Mapping[str, Any], group: str, *, source: str = "api"
+    ) -> dict[str, Any]:
         """Validate a settings change, write it, then apply it; returns once it is both on disk and live.
+        Like every operator action it is announced with its CLI command and `source` (`api`, `tui`).
 
         SettingsError if invalid, StoreError if the write failed: either way nothing changed.
         """
-        return await self._change_settings(lambda: self.settings.prepare(patch, group))
+        document = await self._change_settings(lambda: self.settings.prepare(patch, group))
+        pairs = [f"{path}={field(path).written(_at(document, path))}" for path in leaves(patch)]
+        self.engine.announce("settings set " + " ".join(pairs), source=source)
+        return document
 
     async def reset_settings_section(self, section: str) -> dict[str, Any]:
         """`patch_settings` for "Reset defaults": KeyError for an unknown section."""
@@ -306,6 +314,14 @@ class Runtime:
             return parse_model_list(await response.read())
         except UpstreamFailure:
             return None
+
+
+def _at(document: Mapping[str, Any], path: str) -> object:
+    """The value at a dotted path of a settings document."""
+    node: Any = document
+    for part in path.split("."):
+        node = node[part]
+    return node
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -104,6 +104,14 @@ class FieldSpec:
             raise ValueError(f"{self.path}: {message}")
         return value
 
+    def written(self, value: object) -> str:
+        """`value` as `parse` reads it back (the CLI's `settings set` form): `true`, `404,429`."""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return str(value)
+
 
 _TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
 _FALSE_WORDS = frozenset({"false", "0", "no", "off"})
@@ -381,6 +389,15 @@ ORDER_RULES: tuple[OrderRule, ...] = (
     OrderRule("comboCooldownWait.maxWaitMs", "comboCooldownWait.budgetMs", False, zero_exempt=True),
     OrderRule("modelLockout.baseCooldownMs", "modelLockout.maxCooldownMs", False),
 )
+
+
+def leaves(patch: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted paths a nested patch sets, in its order."""
+    paths: list[str] = []
+    for key, value in patch.items():
+        path = f"{prefix}{key}"
+        paths.extend(leaves(value, f"{path}.") if isinstance(value, Mapping) else [path])
+    return paths
 
 
 def set_path(doc: dict[str, Any], parts: Iterable[str], value: object) -> None:

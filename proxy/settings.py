@@ -52,6 +52,7 @@ from proxy.schema import (
     SessionAffinitySettings,
     defaults,
     field,
+    leaves,
     set_path,
 )
 
@@ -81,6 +82,7 @@ __all__ = [
     "apply_env_overrides",
     "defaults",
     "field",
+    "leaves",
 ]
 
 

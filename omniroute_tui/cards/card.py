@@ -29,7 +29,7 @@ from omniroute_tui.cards.catalog import CLASS_LABELS, Block, CardSpec, Explainer
 from omniroute_tui.cards.fields import FieldInput, SettingField, make_field
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.outcome import PROVIDER_CLASSES
-from proxy.settings import defaults, said
+from proxy.settings import defaults, leaves, said
 
 if TYPE_CHECKING:
     from proxy.readmodel import Event
@@ -60,7 +60,7 @@ class RuntimeSettings:
         return self._runtime.settings.document(group)
 
     async def patch(self, patch: Mapping[str, Any], group: str) -> dict[str, Any]:
-        return await self._runtime.patch_settings(patch, group)
+        return await self._runtime.patch_settings(patch, group, source="tui")
 
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
         return self._runtime.bus.subscribe(listener)
@@ -354,7 +354,7 @@ class SettingsCard(Vertical):
         self.load({spec.path: get_path(document, spec.path) for spec in self.spec.specs()})
         self._set_note("Saved.")
         # The note may be off screen (a tall card at 80x24): a toast says it too, and the note scrolls in.
-        self.notify(f"Saved {self.spec.title}: {', '.join(_leaves(patch))}", title="Settings", markup=False)
+        self.notify(f"Saved {self.spec.title}: {', '.join(leaves(patch))}", title="Settings", markup=False)
         self.query_one(".status", Static).scroll_visible(animate=False)
         self.post_message(self.Saved(self, patch, document))
 
@@ -393,15 +393,6 @@ class SettingsCard(Vertical):
         for path, field in self.fields.items():
             field.load(get_path(document, path))
         self._set_note("Defaults loaded into the draft: ctrl+s saves them, escape discards.", "-dirty")
-
-
-def _leaves(patch: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """The dotted paths a nested patch sets."""
-    paths: list[str] = []
-    for key, value in patch.items():
-        path = f"{prefix}{key}"
-        paths.extend(_leaves(value, f"{path}.") if isinstance(value, Mapping) else [path])
-    return paths
 
 
 def _explain(explainer: Explainer) -> Text:

@@ -172,6 +172,10 @@ class Engine:
     def reenable_all(self, *, source: str = "api") -> int:
         return self._actions.reenable_all(source=source)
 
+    def announce(self, action: str, *, source: str = "api") -> None:
+        """An operator action made beside the engine (a settings change), told as the others are."""
+        self._actions.announce(action, source=source)
+
     def lockout_table_status(self) -> LockoutTableStatus:
         """How full the lockout table is: `size` of `capacity` entries (`full` when equal), how many
         are `not_found` locks (each provider+connection keeps at most `not_found_budget`), and since

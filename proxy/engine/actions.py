@@ -15,6 +15,11 @@ class OperatorActions(EnginePart):
     def _operator(self, action: str, reason: str) -> None:
         self._layers.emit(Event(self.clock.now(), "operator", action, "", "", reason))
 
+    def announce(self, action: str, *, source: str = "api") -> None:
+        """An operator action made beside the engine (a settings change), told like the engine's
+        own: its CLI command without `omniroute`, and where it was done."""
+        self._operator(action, source)
+
     def reset_breakers(self, provider: str | None = None, *, source: str = "api") -> int:
         """Reset one provider's breaker, or all; returns how many. KeyError for an unknown provider."""
         now = self.clock.now()

@@ -90,8 +90,11 @@ def test_json_log_has_one_object_per_line_and_one_line_per_event(tmp_path: Path)
     assert ("connection", "down-1", "active", "cooling") in changes
     assert ("breaker", "down", "DEGRADED", "CLOSED") in changes
     assert ("settings", "comboCooldownWait.enabled", "on", "off") in changes
-    operator = next(r for r in events if r["layer"] == "operator")
-    assert operator["message"] == "operator: omniroute reset breaker down (api)"
+    operators = [r["message"] for r in events if r["layer"] == "operator"]
+    assert operators == [
+        "operator: omniroute settings set comboCooldownWait.enabled=false (api)",
+        "operator: omniroute reset breaker down (api)",
+    ]
     assert records[0]["ts"].endswith("Z") and "T" in records[0]["ts"]
 
 

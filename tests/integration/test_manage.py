@@ -696,6 +696,7 @@ def test_patch_resilience_changes_one_value(proxy: Instance) -> None:
     assert proxy.engine.providers["alpha"].breaker.policy.reset_timeout_ms == 1000
     assert [(e["layer"], e["key"], e["from"], e["to"], e["reason"]) for e in events_after(proxy, seq)] == [
         ("settings", "providerBreaker.local.resetTimeoutMs", "15000", "1000", "patch"),
+        ("operator", "settings set providerBreaker.local.resetTimeoutMs=1000", "", "", "api"),
     ]
 
 
@@ -1027,3 +1028,26 @@ def test_a_settings_change_the_disk_refuses_is_a_500_with_the_reason_and_not_app
             (disk / "filler").unlink()
             proxy.stop()
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_a_settings_change_is_an_operator_action_with_its_cli_command(proxy: Instance) -> None:
+    """Like every action: the settings events say what changed, and one `operator` event says who
+    did it and how to do it again from a shell (values as the instance took them)."""
+    seq = proxy.last_seq
+    resilience = {
+        "connectionCooldown": {"apikey": {"baseCooldownMs": 5000}},
+        "streamRecovery": {"throughputWatchdog": {"enabled": True}},
+    }
+    assert proxy.send("PATCH", "/api/resilience", resilience).status_code == 200
+    assert (
+        proxy.send("PATCH", "/api/settings", {"modelLockout": {"errorCodes": [404, 429]}}).status_code == 200
+    )
+    operator = [(e["key"], e["reason"]) for e in events_after(proxy, seq) if e["layer"] == "operator"]
+    assert operator == [
+        (
+            "settings set connectionCooldown.apikey.baseCooldownMs=5000"
+            " streamRecovery.throughputWatchdog.enabled=true",
+            "api",
+        ),
+        ("settings set modelLockout.errorCodes=404,429", "api"),
+    ]
