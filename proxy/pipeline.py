@@ -904,6 +904,8 @@ class Pipeline:
                     sent += len(chunk)
                     previous, last = last, chunk
                     yield chunk
+                if _ends_inside_an_event(previous + last):
+                    raise UpstreamFailure(_CUT_INSIDE_AN_EVENT)
                 outcome = Outcome.ok(upstream.status)
             except UpstreamFailure as failure:
                 outcome = failure.outcome
@@ -1045,6 +1047,8 @@ class Pipeline:
                     if error is not None:
                         outcome = _stream_failure(error, engine.scrubber)
                         return
+                if _ends_inside_an_event(previous + last):
+                    raise UpstreamFailure(_CUT_INSIDE_AN_EVENT)
                 outcome = Outcome.ok(upstream.status)
             except UpstreamFailure as failure:
                 outcome = failure.outcome
@@ -1477,6 +1481,21 @@ class _Ending(bytes):
     """The proxy's own event that ends a relayed stream (the upstream broke off, the watchdog cut
     it): what is left of an event the upstream never finished is dropped before it, so that the
     client's SSE parser reads it whole."""
+
+
+_CUT_INSIDE_AN_EVENT = Outcome.network("the stream ended inside an event")
+
+
+def _ends_inside_an_event(tail: bytes) -> bool:
+    """Whether a stream whose last bytes are `tail` ended before its last event's blank line: an
+    upstream whose body ends where its connection does (no length, no chunks) and closed it
+    mid-event, which reads as a clean end. SSE clients drop such an event, and so does the relay
+    (it sends the API's error event instead); a bare `data: [DONE]` line, which some servers end
+    on without the blank line, is a finished stream."""
+    end = tail.rstrip(b" \t")
+    if end.endswith((b"\n\n", b"\n\r\n")) or not end.strip():
+        return False
+    return not end.rstrip().endswith(b"data: [DONE]")
 
 
 async def _scrubbed(relay: AsyncGenerator[bytes, None], scrubber: Scrubber) -> AsyncGenerator[bytes, None]:

@@ -63,7 +63,13 @@ class RawUpstream:
         self._server.server_close()
 
     @staticmethod
-    def response(status_line: bytes, headers: list[bytes], body: bytes) -> bytes:
-        """One HTTP/1.1 answer that closes its connection, written as given."""
-        lines = [status_line, *headers, b"content-length: %d" % len(body), b"connection: close"]
+    def response(status_line: bytes, headers: list[bytes], body: bytes, *, length: bool = True) -> bytes:
+        """One HTTP/1.1 answer that closes its connection, written as given; without `length`, a
+        body that ends where the connection does (no Content-Length, no chunks)."""
+        lines = [
+            status_line,
+            *headers,
+            *([b"content-length: %d" % len(body)] if length else []),
+            b"connection: close",
+        ]
         return b"\r\n".join(lines) + b"\r\n\r\n" + body

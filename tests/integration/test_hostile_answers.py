@@ -165,3 +165,63 @@ def test_a_model_list_no_client_could_use_names_no_model(
     for name in ("None", "['x']", "inf", "7"):
         assert error_of(proxy.chat(name), 404)
     proxy.settled()
+
+
+CUT_CHAT = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{"index":0,'
+    b'"delta":{"content":"hel"}}]}\n\n'
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{"index":0,"del'
+)
+CUT_MESSAGES = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+    b'"role":"assistant","model":"m","content":[],"usage":{"input_tokens":3,"output_tokens":0}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"hel"}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_blo'
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "cut"),
+    [
+        pytest.param(
+            CHAT_PATH,
+            {"model": "odd/m1", "messages": [{"role": "user", "content": "hi"}]},
+            CUT_CHAT,
+            id="chat",
+        ),
+        pytest.param(
+            "/v1/messages",
+            {"model": "odd/m1", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+            CUT_MESSAGES,
+            id="messages",
+        ),
+    ],
+)
+def test_a_stream_whose_connection_closes_inside_an_event_ends_as_broken_off(
+    launch: Callable[..., Proxy],
+    raw: Callable[..., RawUpstream],
+    path: str,
+    body: dict[str, object],
+    cut: bytes,
+) -> None:
+    """An upstream whose body ends where its connection does (no length, no chunks) and closes it
+    in the middle of an event: the client gets what came whole, then the API's error event, never
+    the half event; the attempt is a failure, as when a chunked body breaks off."""
+    sse = [b"content-type: text/event-stream"]
+    odd = raw(lambda p: RawUpstream.response(b"HTTP/1.1 200 OK", sse, cut, length=False))
+    extra = 'apis = ["chat", "messages"]'
+    proxy = launch(provider("odd", "local", odd.url, "odd-1", extra=extra))
+    response = proxy.http.post(path, json={**body, "stream": True}, headers=JSON)
+    assert response.status_code == 200
+    text = response.text
+    whole = cut[: cut.rindex(b"\n\n") + 2].decode()
+    assert text.startswith(whole), text
+    assert "stream_interrupted" in text[len(whole) :]
+    assert cut[cut.rindex(b"\n\n") + 2 :].decode() not in text[len(whole) :]  # the half event is dropped
+    record = proxy.http.get("/api/requests").json()["requests"][-1]
+    assert (record["state"], record["code"]) == ("failed", "stream_interrupted"), record
+    assert record["attempts"][0]["outcome"] != "ok"
+    proxy.settled()
