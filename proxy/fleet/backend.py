@@ -822,6 +822,9 @@ class FleetState:
                     await self._reconnect()
                     delay = RECONNECT_BACKOFF_S[0]
                 await self._tail()
+                if not self._stopping:
+                    await asyncio.sleep(delay)  # lost elsewhere: back off before reconnecting
+                    delay = min(delay * 2, RECONNECT_BACKOFF_S[1])
             except (RedisError, OSError) as exc:
                 # A stop's cancellation can reach us as the Redis client's own error: not an outage.
                 if self._stopping:
@@ -837,7 +840,11 @@ class FleetState:
 
     async def _tail(self) -> None:
         assert self._feed is not None
-        while True:
+        # Until Redis is lost: by the feed itself (an error, to `_supervise`), or by any other
+        # command (a write, a heartbeat: `_lost`), which this loop learns within a block, and
+        # hands back to `_supervise` to reconnect and reconcile (its own connection being fine
+        # says nothing of the one that failed).
+        while self.connected:
             reply = await self._feed.xread({self.feed_key: self._feed_from}, count=500, block=FEED_BLOCK_MS)
             for _stream, entries in reply or ():
                 for entry_id, fields in entries:

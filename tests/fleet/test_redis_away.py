@@ -189,3 +189,22 @@ def test_redis_restarted_empty_gets_back_everything_acknowledged_before(
     assert c.breaker()["failureThreshold"] == 40
     assert c.connection("alpha-1")["status"] == "cooling"
     assert c.connection("alpha-1")["cooldownRemainingMs"] > 250_000
+
+
+def test_a_write_redis_refuses_once_does_not_keep_the_replica_out_of_the_fleet(
+    make_fleet: Callable[..., Fleet], redis_client: Any, prefix: str
+) -> None:
+    """A command that fails while the change feed's own connection is fine (here a WRONGTYPE reply:
+    a key another writer broke; a timeout or an OOM reply alike) puts the replica on its memory
+    tier, and the feed's loop, which never failed, must not keep it there: it retries with backoff
+    and reconciles, as when Redis itself was away."""
+    fleet = make_fleet(0)
+    a = fleet.add("a", backend=REDIS_URL)
+    key = f"{prefix}b:alpha"
+    redis_client.delete(key)
+    redis_client.set(key, "not a hash")  # what a breaker write will find
+    assert a.client.post("/api/resilience/reset", json={"provider": "alpha"}).status_code == 200
+    wait_for(lambda: not connected(a), 5, "A to stop writing to Redis")
+    redis_client.delete(key)  # the cause goes away
+    wait_for(lambda: connected(a), 10, "A back in the fleet")
+    assert [e["to"] for e in a.events("state")] == ["disconnected", "connected"]
