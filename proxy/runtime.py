@@ -158,6 +158,9 @@ class Runtime:
             return cls(config, store, state_path=state_path, **kwargs)
         except BadRecord as exc:
             store.close()
+            if config.state.shared:  # the row is a Redis key: name it, not a file
+                assert isinstance(store, FleetState)
+                raise store.unreadable_record(exc.table, exc.row, exc.reason) from None
             if exc.path is None and state_path is not None:
                 raise exc.at(state_path) from None  # the engine knows the row, not the file
             raise

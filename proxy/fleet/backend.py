@@ -44,7 +44,7 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
 from proxy.config import Config
@@ -222,34 +222,56 @@ class FleetState:
                 f"cannot reach the state backend {self._shown_url()}: {exc} "
                 '(start Redis there, or set [state] backend = "sqlite")'
             ) from None
-        self._check_fleet()
-        self._check_replica_id()
-        last = self._sync.xrevrange(self.feed_key, count=1)
-        # The feed is read from here on: whatever happens after this read reaches the memory tier.
-        self._feed_from = last[0][0] if last else "0-0"
-        state = StoredState()
-        for kind in ("b", "c", "l"):
-            for name in self._sync.scan_iter(match=f"{self.prefix}{kind}:*", count=500):
-                version, text = self._sync.hmget(name, "v", "r")
-                ident = name[len(self.prefix) + 2 :]
-                record = json.loads(text) if text else None
-                self._cache[(kind, ident)] = (record, int(version or 0))
-                if record is None:
-                    continue
-                if kind == "b":
-                    state.breakers[ident] = record
-                elif kind == "c":
-                    state.connections[ident] = record
-                else:
-                    state.lockouts.append(record)
-        version, text = self._sync.hmget(self.settings_key, "v", "r")
-        if text:
-            state.settings = json.loads(text)
-            self._settings_version = int(version or 0)
-        state.meta = dict(self._sync.hgetall(f"{self.prefix}meta"))
+        name = f"{self.prefix}fleet:config"
+        try:
+            self._check_fleet()
+            self._check_replica_id()
+            last = self._sync.xrevrange(self.feed_key, count=1)
+            # The feed is read from here on: whatever happens after this read reaches the memory tier.
+            self._feed_from = last[0][0] if last else "0-0"
+            state = StoredState()
+            for kind in ("b", "c", "l"):
+                for name in self._sync.scan_iter(match=f"{self.prefix}{kind}:*", count=500):
+                    version, text = self._sync.hmget(name, "v", "r")
+                    ident = name[len(self.prefix) + 2 :]
+                    record = json.loads(text) if text else None
+                    if record is not None and not isinstance(record, dict):
+                        raise ValueError("the record is not a JSON object")
+                    self._cache[(kind, ident)] = (record, int(version or 0))
+                    if record is None:
+                        continue
+                    if kind == "b":
+                        state.breakers[ident] = record
+                    elif kind == "c":
+                        state.connections[ident] = record
+                    else:
+                        state.lockouts.append(record)
+            name = self.settings_key
+            version, text = self._sync.hmget(name, "v", "r")
+            if text:
+                state.settings = json.loads(text)
+                self._settings_version = int(version or 0)
+            name = f"{self.prefix}meta"
+            state.meta = dict(self._sync.hgetall(name))
+        except (ValueError, ResponseError) as exc:  # (a bad reply, not an outage: that is a RedisError)
+            raise self.unreadable(name, str(exc)) from None
         self.connected = self.up = True
         self.since = self._clock.now()
         return state
+
+    def unreadable(self, key: str, reason: str) -> FleetUnavailable:
+        """A shared key this replica cannot read at start (another writer broke it), named with how
+        to clear it: like a bad row in a state file, it stops the start rather than be guessed at."""
+        return FleetUnavailable(
+            f"the state backend {self._shown_url()} holds a key this replica cannot read: {key} "
+            f"({reason[:200]}); delete that key (`redis-cli -u URL DEL {key}`) to start from the "
+            "fleet's other records"
+        )
+
+    def unreadable_record(self, table: str, row: str, reason: str) -> FleetUnavailable:
+        """`unreadable` for a record the engine refused (`BadRecord`: it knows the table and row)."""
+        kind = {"breakers": "b", "connections": "c", "lockouts": "l"}.get(table, table)
+        return self.unreadable(self.key(kind, row.strip("'")), reason)
 
     def _check_fleet(self) -> None:
         """Refuse to join a fleet whose providers, connections or combos differ from ours."""
