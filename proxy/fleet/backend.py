@@ -633,7 +633,13 @@ class FleetState:
                     self._adopt(job.kind, job.ident, record)
                 break
             events: list[Event] = []
-            fresh = self._fresh(job.kind, job.ident, record, events.append)
+            try:
+                fresh = self._fresh(job.kind, job.ident, record, events.append)
+            except (ValueError, KeyError, TypeError) as exc:
+                # Valid JSON of another shape (another writer's): read as no record, replaced below.
+                self._unreadable(slot, exc)
+                events.clear()
+                fresh = self._fresh(job.kind, job.ident, None, events.append)
             if fresh is None:
                 return
             job.mutate(fresh)
@@ -657,13 +663,36 @@ class FleetState:
                     self._adopt(job.kind, job.ident, newest)
                 break
             # Another replica moved this record first: decide again on what it wrote.
-            newest = self._newest(slot, json.loads(rest) if rest else None, int(current_version))
+            newest = self._newest(slot, self._readable(slot, rest), int(current_version))
             if operator_acted:
                 self._adopt(job.kind, job.ident, newest)  # another's operator action: at once (`_on_entry`)
         else:
             log.warning("fleet: gave up sharing %s after %d conflicts", slot, MAX_REPLAYS)
         if job.lease:
             await self._release(job.ident)
+
+    def _readable(self, slot: _Slot, text: str | None) -> dict[str, Any] | None:
+        """A shared record's JSON, or None for none, and for one no replica can read (another
+        writer broke it): the next transition then replaces it with a good one, rather than fail
+        to share this record for ever."""
+        if not text:
+            return None
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            self._unreadable(slot, exc)
+            return None
+        if not isinstance(record, dict):
+            self._unreadable(slot, ValueError("not a JSON object"))
+            return None
+        return record
+
+    def _unreadable(self, slot: _Slot, exc: BaseException) -> None:
+        log.warning(
+            "fleet: the shared record %s is unreadable (%s); the next transition replaces it",
+            self.key(*slot),
+            str(exc)[:200],
+        )
 
     def _heard_acted(self, slot: _Slot, acted: str) -> bool:
         """Note when an operator last changed a record, as a write's reply or the feed says; True

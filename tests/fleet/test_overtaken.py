@@ -235,3 +235,22 @@ def test_an_older_operator_reset_landing_late_does_not_undo_what_came_after_a_ne
     assert shared["rate_limited_until"] == pytest.approx(now + 60_000)  # A's 429 stands
     for runtime in (a, b):
         assert runtime.engine.connections["key-1"].health.to_record() == shared
+
+
+@pytest.mark.parametrize("garbage", ["{not json", '{"state": "WEIRD"}', "[1, 2]"])
+def test_a_shared_record_no_replica_can_read_is_replaced_by_the_next_transition(
+    fleet: tuple[asyncio.AbstractEventLoop, list[Runtime], Any, str], garbage: str
+) -> None:
+    """Another writer broke key-1's shared record (and moved its version on): the next transition
+    takes it for absent and writes a good one, which every replica then shares, rather than fail
+    to share that record for ever (the operator's reset included)."""
+    loop, (a, b), redis, prefix = fleet
+    redis.hset(f"{prefix}c:key-1", mapping={"v": 500, "r": garbage})
+    a.engine.record(*a_429(a, 60))
+    loop.run_until_complete(caught_up([a, b], redis, prefix))
+
+    shared = json.loads(redis.hget(f"{prefix}c:key-1", "r"))
+    assert int(redis.hget(f"{prefix}c:key-1", "v")) > 500
+    assert shared["rate_limited_until"] == pytest.approx(a.engine.clock.now() + 60_000)
+    for runtime in (a, b):
+        assert runtime.engine.connections["key-1"].health.to_record() == shared
