@@ -90,7 +90,8 @@ class OmniRouteApp(App[int]):
             show=False,
             id="clear-filter",
         ),
-        Binding("p", "pause", "Pause", tooltip="Pause or resume live updates", id="pause"),
+        Binding("p", "pause", "Pause", tooltip="Stop live updates", id="pause"),
+        Binding("p", "resume", "Resume", tooltip="Live updates again (while paused)", id="resume"),
         Binding("question_mark", "help", "Help", tooltip="List every key", id="help"),
         Binding("q", "quit", "Quit", tooltip="Stop the proxy and leave", id="quit"),
         Binding(
@@ -467,6 +468,8 @@ class OmniRouteApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("filter", "sort", "reverse"):  # hidden where there is no table to act on
             return self.active_tab in TABLE_TABS
+        if action in ("pause", "resume"):  # one key: the key bar says what it does now
+            return self.feed.paused == (action == "resume")
         if action == "clear_filter":  # else escape is left to whatever else wants it
             tab = self.active_tab
             return tab in TABLE_TABS and bool(self.feed.views[tab].filter.strip())
@@ -511,8 +514,15 @@ class OmniRouteApp(App[int]):
         self._set_view(tab, View(view.filter, view.sort, not view.reverse))
 
     def action_pause(self) -> None:
-        self.feed.paused = not self.feed.paused
+        self._set_paused(True)
+
+    def action_resume(self) -> None:
+        self._set_paused(False)
+
+    def _set_paused(self, paused: bool) -> None:
+        self.feed.paused = paused
         self.feed.request()
+        self.refresh_bindings()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -239,6 +239,9 @@ async def test_p_pauses_and_resumes_live_updates() -> None:
         await settle(pilot)
         assert app.feed.paused is True
         assert app.status.line_text(0).endswith(" PAUSED")
+        # The key bar says what p does now.
+        shown = {b.binding.description for b in app.active_bindings.values() if b.binding.show and b.enabled}
+        assert "Resume" in shown and "Pause" not in shown
         before = app.feed.last
         app.runtime.engine.providers["groq"].breaker.record_failure(app.runtime.engine.clock.now())
         app.feed._tick()  # a periodic tick while paused builds nothing
@@ -248,6 +251,8 @@ async def test_p_pauses_and_resumes_live_updates() -> None:
         assert app.feed.paused is False
         assert app.status.line_text(0).endswith(" LIVE")
         assert app.feed.last is not before
+        shown = {b.binding.description for b in app.active_bindings.values() if b.binding.show and b.enabled}
+        assert "Pause" in shown and "Resume" not in shown
 
 
 async def test_question_mark_lists_every_key() -> None:
