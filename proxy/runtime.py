@@ -261,23 +261,33 @@ class Runtime:
 
         SettingsError if invalid, StoreError if the write failed: either way nothing changed.
         """
-        document = await self._change_settings(lambda: self.settings.prepare(patch, group))
-        pairs = [f"{path}={field(path).written(_at(document, path))}" for path in leaves(patch)]
-        self.engine.announce("settings set " + " ".join(pairs), source=source)
-        return document
+
+        def told(document: Mapping[str, Any]) -> None:
+            pairs = [f"{path}={field(path).written(_at(document, path))}" for path in leaves(patch)]
+            self.engine.announce("settings set " + " ".join(pairs), source=source)
+
+        return await self._change_settings(lambda: self.settings.prepare(patch, group), told)
 
     async def reset_settings_section(self, section: str) -> dict[str, Any]:
         """`patch_settings` for "Reset defaults": KeyError for an unknown section."""
         return await self._change_settings(lambda: self.settings.prepare_reset(section))
 
-    async def _change_settings(self, prepare: Callable[[], SettingsChange]) -> dict[str, Any]:
+    async def _change_settings(
+        self,
+        prepare: Callable[[], SettingsChange],
+        told: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """`told(document)`, if given, runs as the change goes live, in the same step as its
+        `settings` events: the requests waiting out a cooldown look again once for both."""
         # The write runs in a task the caller cannot cancel: once the document may be on disk,
         # memory must follow it, or a client that hung up mid-PATCH would leave the two apart.
-        task = asyncio.ensure_future(self._write_then_commit(prepare))
+        task = asyncio.ensure_future(self._write_then_commit(prepare, told))
         task.add_done_callback(_retrieve)
         return await asyncio.shield(task)
 
-    async def _write_then_commit(self, prepare: Callable[[], SettingsChange]) -> dict[str, Any]:
+    async def _write_then_commit(
+        self, prepare: Callable[[], SettingsChange], told: Callable[[Mapping[str, Any]], None] | None
+    ) -> dict[str, Any]:
         # One change at a time, from the merge to the commit: each document is merged onto the one
         # before it and reaches the disk before the next is merged, so the disk sees the changes in
         # the order memory does, and an answer is sent only for a change a restart would load.
@@ -287,7 +297,10 @@ class Runtime:
                 change = prepare()
                 try:
                     await asyncio.to_thread(self.store.save_settings, change.document)
-                    return self.settings.commit(change)
+                    document = self.settings.commit(change)
+                    if told is not None:
+                        told(document)
+                    return document
                 except StaleSettingsChange:
                     # A memory-only Settings.patch() (start-up code, tests) slipped in during the
                     # write, or (a fleet) another replica's change went live first: merge onto it
