@@ -257,6 +257,14 @@ def _strings(text: str) -> list[str]:
     return found
 
 
+JSON_TYPE = {"content-type": "application/json"}
+
+
+def _error_saying(words: str) -> Callable[[str], str]:
+    """An upstream's OpenAI-style error body, `words` then a key in some written form."""
+    return lambda form: '{"error": {"message": "' + words + form + '", "type": "invalid"}}'
+
+
 def _error_stream(error: str) -> str:
     """A stream that says something, then ends with `error` as its event."""
     return f'data: {{"choices": [{{"index": 0, "delta": {{"content": "hi"}}}}]}}\n\ndata: {error}\n\ndata: [DONE]\n\n'
@@ -304,20 +312,17 @@ def test_a_key_the_upstream_escapes_its_own_way_leaves_by_no_door(
     form, in relayed errors, a success body, a stream's error event, the request records, the
     connection's last error, the events and the log, and none of them holds it, escaped or decoded."""
 
-    def error(form: str) -> str:
-        return '{"error": {"message": "Incorrect API key provided: ' + form + '", "type": "invalid"}}'
-
-    json_type = {"content-type": "application/json"}
+    error = _error_saying("Incorrect API key provided: ")
     proxy, texts = _every_door(
         launch,
         upstreams,
         caplog,
         ODD_KEY,
-        Reply("error", status=400, body=error(_php(ODD_KEY)), headers=json_type),
-        Reply("error", status=400, body=error(_go(ODD_KEY)), headers=json_type),
-        Reply("error", status=429, body=error(_every_char(ODD_KEY)), headers=json_type),
+        Reply("error", status=400, body=error(_php(ODD_KEY)), headers=JSON_TYPE),
+        Reply("error", status=400, body=error(_go(ODD_KEY)), headers=JSON_TYPE),
+        Reply("error", status=429, body=error(_every_char(ODD_KEY)), headers=JSON_TYPE),
         Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "key ' + _go(ODD_KEY) + '"}}]}',
-              headers=json_type),
+              headers=JSON_TYPE),
         Reply("error", status=200, body=_error_stream(error(_go(ODD_KEY))), headers={"content-type": "text/event-stream"}),
         Reply("error", status=401, body=error(_every_char(ODD_KEY).lower().replace("\\U", "\\u"))),
     )  # fmt: skip
@@ -380,21 +385,18 @@ def test_a_key_an_upstream_url_encodes_leaves_by_no_door(
     in relayed errors, a success body, a stream's error event, the records, the connection's last
     error, the events and the log, in upper- and lower-case hex and half-encoded."""
 
-    def error(form: str) -> str:
-        return '{"error": {"message": "bad key in https://x.example/v1?key=' + form + '", "type": "invalid"}}'
-
-    json_type = {"content-type": "application/json"}
+    error = _error_saying("bad key in https://x.example/v1?key=")
     _, texts = _every_door(
         launch,
         upstreams,
         caplog,
         URL_KEY,
-        Reply("error", status=400, body=error(URL_FORMS[0]), headers=json_type),
-        Reply("error", status=400, body=error(URL_FORMS[3]), headers=json_type),
+        Reply("error", status=400, body=error(URL_FORMS[0]), headers=JSON_TYPE),
+        Reply("error", status=400, body=error(URL_FORMS[3]), headers=JSON_TYPE),
         Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "k=' + URL_FORMS[1] + '"}}]}',
-              headers=json_type),
+              headers=JSON_TYPE),
         Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "k=' + URL_FORMS[2] + '"}}]}',
-              headers=json_type),
+              headers=JSON_TYPE),
         Reply("error", status=200, body=_error_stream(error(URL_FORMS[2])), headers={"content-type": "text/event-stream"}),
         Reply("error", status=401, body=error(URL_FORMS[1])),
     )  # fmt: skip
@@ -431,19 +433,16 @@ def test_a_key_an_upstream_upper_cases_in_its_error_leaves_by_no_door(
     a stream's error event, the records, the connection's last error, the events and the log."""
     shouted = ODD_KEY.upper()
 
-    def error(form: str) -> str:
-        return '{"error": {"message": "INVALID KEY ' + form + '", "type": "invalid"}}'
-
-    json_type = {"content-type": "application/json"}
+    error = _error_saying("INVALID KEY ")
     proxy, texts = _every_door(
         launch,
         upstreams,
         caplog,
         ODD_KEY,
-        Reply("error", status=400, body=error(_php(shouted)), headers=json_type),
-        Reply("error", status=429, body=error(shouted.lower()), headers=json_type),
-        Reply("error", status=400, body=error(_every_char(shouted)), headers=json_type),
-        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "ok"}}]}', headers=json_type),
+        Reply("error", status=400, body=error(_php(shouted)), headers=JSON_TYPE),
+        Reply("error", status=429, body=error(shouted.lower()), headers=JSON_TYPE),
+        Reply("error", status=400, body=error(_every_char(shouted)), headers=JSON_TYPE),
+        Reply("error", status=200, body='{"choices": [{"index": 0, "message": {"content": "ok"}}]}', headers=JSON_TYPE),
         Reply("error", status=200, body=_error_stream(error(_go(shouted))), headers={"content-type": "text/event-stream"}),
         Reply("error", status=401, body=error(shouted)),
     )  # fmt: skip
