@@ -56,6 +56,9 @@ log = logging.getLogger("omniroute.tui")
 TABLE_TABS = ("breakers", "connections", "lockouts", "events", "requests")
 SHORT_ROWS = 20
 WIDE_COLUMNS = 90
+QUIT_QUESTION = "quit-question"
+"""The id of `q`'s dialog, which each snapshot asks again (the requests it counts go on finishing)."""
+NOTHING_LOST_NOW = "Nothing in flight any more: quit and stop the proxy?"
 
 
 class OmniRouteApp(App[int]):
@@ -250,7 +253,7 @@ class OmniRouteApp(App[int]):
             if yes:
                 self.stop()
 
-        self.push_screen(ConfirmScreen(question), answered)
+        self.push_screen(ConfirmScreen(question, id=QUIT_QUESTION), answered)
 
     def action_stop(self) -> None:
         self.stop()
@@ -324,6 +327,10 @@ class OmniRouteApp(App[int]):
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         snapshot = message.snapshot
         self.status.show(snapshot.header)
+        asking = self.screen
+        if isinstance(asking, ConfirmScreen) and asking.id == QUIT_QUESTION:
+            # The requests it counts go on finishing while the operator reads it.
+            asking.ask(self.quit_question() or NOTHING_LOST_NOW)
         if snapshot.overview is not None:
             self.overview.apply(snapshot.overview)
         if snapshot.table is not None:

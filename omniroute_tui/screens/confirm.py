@@ -1,4 +1,5 @@
-"""Yes/no before an action on many rows (`R`). Single-row actions never ask."""
+"""Yes/no before an action on many rows (`R`), or before `q` would lose something. Single-row
+actions never ask."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No", id="confirm-no"),
     ]
 
-    def __init__(self, question: str) -> None:
-        super().__init__(classes="dialog-screen")
+    def __init__(self, question: str, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="dialog-screen")
         self.question = question
 
     def compose(self) -> ComposeResult:
@@ -31,6 +32,12 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
+
+    def ask(self, question: str) -> None:
+        """Ask again in other words: what the answer decides has changed while the dialog was up."""
+        if question != self.question:
+            self.question = question
+            self.query_one(".dialog-question", Static).update(question)
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)

@@ -652,6 +652,31 @@ async def test_q_asks_first_when_requests_are_in_flight_and_ctrl_c_does_not() ->
     assert app.return_code == 0
 
 
+async def test_the_quit_question_follows_the_requests_still_in_flight() -> None:
+    """The count the dialog asks about is live: an operator waiting for requests to finish sees them
+    finish, rather than a number that was true when `q` was pressed."""
+    app = snapshot_app()
+    assert app.runtime is not None
+    stats = app.runtime.engine.stats
+    stats.in_flight = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        stats.in_flight = 1
+        app.feed.request()
+        await settle(pilot)
+        assert app.screen.question == "1 request in flight: quit and stop the proxy?"
+        assert "1 request in flight" in app.screen.query_one(".dialog-question", Static).content
+        stats.in_flight = 0
+        app.feed.request()
+        await settle(pilot)
+        assert app.screen.question == "Nothing in flight any more: quit and stop the proxy?"
+        await pilot.press("y")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
 async def test_q_asks_first_when_a_settings_card_holds_a_draft() -> None:
     from omniroute_tui.cards import SettingsPane
     from omniroute_tui.cards.fields import IntField
