@@ -26,7 +26,7 @@ from textual.widgets import Button, Static
 from textual.worker import Worker, WorkerState
 
 from omniroute_tui.cards.catalog import CLASS_LABELS, Block, CardSpec, Explainer, format_range, get_path, nest
-from omniroute_tui.cards.fields import FieldInput, SettingField, make_field
+from omniroute_tui.cards.fields import FieldInput, SettingField, WalkButton, make_field
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.resilience.outcome import PROVIDER_CLASSES
 from proxy.settings import defaults, leaves, said
@@ -149,8 +149,10 @@ class SettingsCard(Vertical):
             yield from self._block_fields(block)
         yield Static("", classes="status")
         with Horizontal(classes="actions"):
-            yield Button("Save", compact=True, classes="save", disabled=self.read_only)
-            yield Button("Reset defaults", compact=True, classes="reset-defaults", disabled=self.read_only)
+            yield WalkButton("Save", compact=True, classes="save", disabled=self.read_only)
+            yield WalkButton(
+                "Reset defaults", compact=True, classes="reset-defaults", disabled=self.read_only
+            )
 
     def _block_fields(self, block: Block) -> Iterable[Any]:
         if not block.per_class:

@@ -58,6 +58,19 @@ def clamp(spec: FieldSpec, value: int) -> tuple[int, str | None]:
     return bounded, f"clamped to {bounded}: {message}"
 
 
+WALK: list[BindingType] = [
+    Binding("down,j", "app.focus_next", "Next field", show=False, id="settings-next-field"),
+    Binding("up,k", "app.focus_previous", "Previous field", show=False, id="settings-previous-field"),
+]
+"""How the Settings tab is walked by keyboard: every stop on it has these, fields and buttons."""
+
+
+class WalkButton(Button):
+    """A card's button: a stop on the walk like a field (without j/k, `j` stopped on Save)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = WALK
+
+
 class FieldInput(Input):
     """An Input that is edited on purpose, never by a stray key.
 
@@ -205,8 +218,7 @@ class IntField(SettingField, can_focus=True):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter,i", "edit", "Edit", tooltip="Edit this field (escape leaves it)", id="settings-edit"),
-        Binding("down,j", "app.focus_next", "Next field", show=False, id="settings-next-field"),
-        Binding("up,k", "app.focus_previous", "Previous field", show=False, id="settings-previous-field"),
+        *WALK,
     ]
 
     def __init__(self, spec: FieldSpec, value: int, *, label: str | None, hint: str) -> None:
@@ -288,8 +300,7 @@ class BoolField(SettingField):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         # As on every other field: without them `j` did nothing here and `down` scrolled the card.
-        Binding("down,j", "app.focus_next", "Next field", show=False, id="settings-next-field"),
-        Binding("up,k", "app.focus_previous", "Previous field", show=False, id="settings-previous-field"),
+        *WALK,
     ]
 
     def __init__(self, spec: FieldSpec, value: bool, *, label: str | None, hint: str) -> None:
@@ -368,8 +379,8 @@ class CodeListField(SettingField):
                     placeholder="code", type="text", compact=True, max_length=4, classes="new-code"
                 )
                 with Horizontal():
-                    yield Button("Add", compact=True, classes="add")
-                    yield Button("Remove", compact=True, classes="remove")
+                    yield WalkButton("Add", compact=True, classes="add")
+                    yield WalkButton("Remove", compact=True, classes="remove")
 
     @property
     def value(self) -> list[int]:

@@ -697,6 +697,35 @@ async def test_q_asks_first_when_a_settings_card_holds_a_draft() -> None:
     assert app.return_code == 0
 
 
+async def test_j_and_k_walk_through_a_cards_buttons_to_the_next_card() -> None:
+    """`j` stopped on a card's Save button (the buttons had no j/k), so walking the Settings tab by
+    keyboard ended at the first card."""
+    from textual.widgets import Button
+
+    from omniroute_tui.cards.fields import SettingField
+
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await settle(pilot)
+        save = app.query(Button).first()
+        save.focus()
+        await pilot.pause()
+        for _ in range(2):
+            await pilot.press("j")
+            await pilot.pause()
+        # Past Save and Reset defaults: on the next card's first field (a switch: its checkbox)
+        reached = app.focused
+        assert reached is not None and reached is not save
+        field = next((a for a in [reached, *reached.ancestors] if isinstance(a, SettingField)), None)
+        assert field is not None, reached
+        cards = [next(a for a in w.ancestors if type(a).__name__ == "SettingsCard") for w in (save, field)]
+        assert cards[0] is not cards[1]
+        await pilot.press("k", "k")
+        await pilot.pause()
+        assert app.focused is save
+
+
 async def test_the_settings_tab_opens_on_its_first_field_and_offers_discard_only_with_a_draft() -> None:
     """Found by a new-user trial: on entering Settings nothing had the focus, so `j`, `k`, `enter`
     and `i` did nothing until a second Tab, and the key bar offered `esc Discard draft` with no draft."""
