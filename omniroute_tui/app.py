@@ -21,7 +21,8 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.driver import Driver
-from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widget import Widget
+from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 from textual.worker import Worker, WorkerState
 
 from omniroute_tui import actions, untrusted
@@ -150,12 +151,13 @@ class OmniRouteApp(App[int]):
         self._cleanup = ExitStack()
         self._quitting = False
         self._visited: set[str] = {"overview"}
-        self._settings_focus: SettingField | None = None
-        """The Settings field that had the focus when another tab was shown: it gets it back."""
+        self._left_focus: dict[str, Widget] = {}
+        """What had the focus on the Overview or Settings tab when another tab was shown: it gets
+        it back (a table tab's table always does)."""
         self._palette_action: tuple[str, actions.Verb, bool] | None = None
+        """A table action from the command palette, waiting for its tab's rows."""
         self._going_to: tuple[str, str] | None = None
         """(tab, row key) to put the cursor on once that tab's rows arrive (enter on an event)."""
-        """A table action from the command palette, waiting for its tab's rows."""
         self.status = StatusHeader()
         self.tabs = TabbedContent(initial="overview", id="tabs")
         self.overview = OverviewPane(id="overview-pane")
@@ -364,13 +366,22 @@ class OmniRouteApp(App[int]):
                 # spent building them at startup is one the proxy cannot serve.
                 self.query_one("#settings-placeholder").remove()
                 await pane.mount(settings_pane(self.settings_source, self.read_only))
-            # On a field, so that its keys (j/k, enter) work at once: the first one, or the last
-            # one this tab had (`action_show_tab` let go of it).
-            field = self._settings_focus
+            # On a field, so that its keys (j/k, enter) work at once: the first one, or what had
+            # the focus when the tab was left (`action_show_tab` let go of it).
+            field = self._left_focus.get(tab)
             if field is None or not field.is_attached:
                 field = next((f for f in pane.query(SettingField) if f.focusable), None)
             if field is not None and self.active_tab == "settings":
                 field.focus()
+        elif tab == "overview" and self.focused is None:
+            # What had the focus when the tab was left (the tiles, say), else the tab bar, as on a
+            # fresh console: one Tab from it reaches the tiles. With nothing focused the first Tab
+            # went to the tab bar and `l`, `enter` did nothing.
+            back = self._left_focus.get(tab)
+            if back is not None and back.is_attached and back.focusable:
+                back.focus()
+            else:
+                self.tabs.query_one(Tabs).focus()
         self.refresh_bindings()
         self.feed.request()
 
@@ -485,8 +496,9 @@ class OmniRouteApp(App[int]):
     def action_show_tab(self, tab: str) -> None:
         # Let go of the focus first: a focused widget in the pane being hidden hands the focus to its
         # neighbour in the same pane, which would bring that pane back (a Settings field, say).
-        if isinstance(self.focused, SettingField):
-            self._settings_focus = self.focused
+        focused, leaving = self.focused, self.active_tab
+        if focused is not None and leaving in ("overview", "settings"):
+            self._left_focus[leaving] = focused
         self.set_focus(None)
         self.tabs.active = tab
 

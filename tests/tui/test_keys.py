@@ -751,3 +751,27 @@ async def test_the_settings_tab_opens_on_its_first_field_and_offers_discard_only
         await pilot.press("1", "5")  # back again: the focus is on the tab's field, not lost
         await settle(pilot)
         assert isinstance(app.focused, SettingField)
+
+
+async def test_coming_back_to_the_overview_gives_back_its_focus() -> None:
+    """Found by an operator's trial: back on the Overview from another tab nothing had the focus, so
+    the first Tab landed on the tab bar, and `Tab l l enter` (which opens a breaker on a fresh
+    console) silently did nothing. The Overview now gets back what had the focus when it was left,
+    else the tab bar as on a fresh console (one Tab from it reaches the tiles)."""
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await open_tab(pilot, "2")
+        await open_tab(pilot, "1")
+        assert app.focused is not None, "nothing has the focus on the Overview"
+        await pilot.press("tab")
+        await settle(pilot)
+        assert app.focused is app.overview.tiles, app.focused
+        await pilot.press("l")
+        await open_tab(pilot, "3")
+        await open_tab(pilot, "1")
+        assert app.focused is app.overview.tiles, app.focused  # where it was, its pick kept
+        await pilot.press("l", "enter")
+        await settle(pilot)
+        await settle(pilot)
+        assert app.active_tab == "breakers"
