@@ -82,8 +82,9 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
         data = untrusted.dumps({**body, "model": target.model})
     except (ValueError, RecursionError):
         return error_response(400, "request body is nested too deeply", "invalid_json")
-    return await _send_once(
-        runtime, request, connection_id, "POST", "messages/count_tokens", data, "messages"
+    return await runtime.pipeline.while_connected(
+        request.receive,
+        _send_once(runtime, request, connection_id, "POST", "messages/count_tokens", data, "messages"),
     )
 
 
@@ -119,15 +120,21 @@ async def response_follow_up(runtime: Runtime, request: Request) -> Response:
     path = f"responses/{ident}{suffix}"
     if request.url.query:
         path += f"?{request.url.query}"
-    data = None
-    if request.method == "POST":
-        try:
-            data = await _read_body(request.scope, request.receive, runtime.upstream.deadlines()) or None
-        except BodyTooLarge:
-            return error_response(413, "request body exceeds 32 MiB", "request_too_large")
-        except BodyStalled:
-            return body_stalled()
-    return await _send_once(runtime, request, owner, request.method, path, data, "responses")
+    # Read whatever body came (a GET's is empty) before the call: only then is the next message
+    # the server has for this request the client's leaving, which `while_connected` watches for.
+    try:
+        data = await _read_body(request.scope, request.receive, runtime.upstream.deadlines()) or None
+    except BodyTooLarge:
+        return error_response(413, "request body exceeds 32 MiB", "request_too_large")
+    except BodyStalled:
+        return body_stalled()
+    except ClientDisconnect:
+        return error_response(499, "the client went away before its body arrived", "client_disconnected")
+    if request.method != "POST":
+        data = None
+    return await runtime.pipeline.while_connected(
+        request.receive, _send_once(runtime, request, owner, request.method, path, data, "responses")
+    )
 
 
 async def _send_once(
@@ -163,22 +170,31 @@ async def _send_once(
         return error_response(
             502, f"{connection_id}: {failure.outcome.error}", "upstream_unreachable", headers=headers
         )
-    if upstream.status >= 400:
-        raw, _ = await upstream.read_error_body()
-        return Response(
-            scrub.error_bytes(raw), upstream.status, headers=headers, media_type=scrub(upstream.content_type)
-        )
-    if upstream.content_type.startswith("text/event-stream"):
-        return StreamingResponse(_chunks(upstream, scrub), upstream.status, headers, "text/event-stream")
+    relayed = False
     try:
-        content = await upstream.read()
-    except UpstreamFailure as failure:
-        return error_response(
-            502, f"{connection_id}: {failure.outcome.error}", "upstream_unreachable", headers=headers
+        if upstream.status >= 400:
+            raw, _ = await upstream.read_error_body()
+            return Response(
+                scrub.error_bytes(raw),
+                upstream.status,
+                headers=headers,
+                media_type=scrub(upstream.content_type),
+            )
+        if upstream.content_type.startswith("text/event-stream"):
+            relayed = True  # (`_chunks` closes it when the stream ends)
+            return StreamingResponse(_chunks(upstream, scrub), upstream.status, headers, "text/event-stream")
+        try:
+            content = await upstream.read()
+        except UpstreamFailure as failure:
+            return error_response(
+                502, f"{connection_id}: {failure.outcome.error}", "upstream_unreachable", headers=headers
+            )
+        return Response(
+            scrub.secrets(content), upstream.status, headers=headers, media_type=scrub(upstream.content_type)
         )
-    return Response(
-        scrub.secrets(content), upstream.status, headers=headers, media_type=scrub(upstream.content_type)
-    )
+    finally:
+        if not relayed:  # read, or cut (the client left, the server stops): the upstream sees it go
+            upstream.close()
 
 
 async def _chunks(upstream: UpstreamResponse, scrub: Scrubber) -> AsyncIterator[bytes]:

@@ -281,6 +281,25 @@ class Pipeline:
         for task in list(self._waiters):
             task.cancel()
 
+    async def while_connected(self, receive: Receive, work: Coroutine[Any, Any, Response]) -> Response:
+        """Run `work` (a request's one upstream call, read after its body) for as long as its client
+        is there to read the answer: the single-attempt routes (proxy/passthrough.py), which
+        `handle` does not run. A client that goes away ends it at once (its upstream connection
+        is closed, so the upstream stops working on it too); one cut by the server's stop is
+        answered STOPPING, as `handle` answers its own, never with a bare 500."""
+        watch = _ClientWatch(receive)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if watch.left():
+                return error_response(499, "the client went away before the answer", "client_disconnected")
+            if self.stopping:
+                _uncancel()
+                return error_response(*STOPPING, headers=STOPPING_HEADERS)
+            raise
+        finally:
+            watch.stop()
+
     def nudge(self, event: Event) -> None:
         """An event bus subscriber: an operator's action or a settings change may have freed what a
         waiting request waits for (a breaker reset, a connection re-enabled) or turned waiting
@@ -441,7 +460,7 @@ class Pipeline:
 
             stats = self.engine.stats
             stats.started()
-            # As `_while_connected`, without a coroutine of its own: the attempts run in this task
+            # As `while_connected`, without a coroutine of its own: the attempts run in this task
             # for as long as the client is there to read the answer.
             watch: _ClientWatch | None = None
             try:
@@ -523,7 +542,7 @@ class Pipeline:
 
         The engine's clock decides when the wait ends, like every other engine duration, so the
         wait is as long in engine time as the cooldown it waits out (and a FakeClock test ends it by
-        advancing). A client that leaves cancels it (`_while_connected`); an operator's action or
+        advancing). A client that leaves cancels it (the watch in `handle`); an operator's action or
         a settings change ends it early (`nudge`), and the request looks again.
         """
         wait = self.engine.settings.combo_wait()
@@ -1577,30 +1596,6 @@ class _RelayResponse(StreamingResponse):
                 engine.stats.finished(outcome is not None and outcome.is_success, now)
                 if attempt.record is not None and attempt.trail is not None:
                     _stream_ended(attempt.trail, attempt.record, self.status_code, outcome, now)
-
-
-async def _while_connected(receive: Receive, work: Coroutine[Any, Any, Response]) -> Response:
-    """Run the attempts of one request (`work`) for as long as its client is there to read the answer.
-
-    A client that goes away ends them at once, wherever they are: waiting for a concurrency slot,
-    in the request queue, waiting out a cooldown, or waiting for a non-streamed upstream answer
-    (whose connection is then closed, so the upstream stops working on it too). Each attempt's
-    scope then records a disconnect, which counts against no layer, and gives its places back.
-    A stream, once its response is returned, is watched by the response itself.
-
-    The attempts run in this task; the watch (`_ClientWatch`) cancels it when the client leaves.
-    Cancelled, the attempts' scopes run their finally blocks before the cancellation reaches
-    here: slots and probe are back before the answer. (`Pipeline.handle` does the same inline.)
-    """
-    watch = _ClientWatch(receive)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if watch.left():
-            return error_response(499, "the client went away before the answer", "client_disconnected")
-        raise
-    finally:
-        watch.stop()
 
 
 def _uncancel() -> None:

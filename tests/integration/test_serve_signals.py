@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -261,5 +262,42 @@ def test_a_stream_still_running_when_the_grace_period_ends_ends_with_its_apis_er
         assert "server_stopping" in json.loads(rest[-1].removeprefix("data: "))["error"]["message"]
     assert exit_code(proc, STOP_S) == 0
     stderr = stderr_of(proc)
+    assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
+    instance.assert_closed_cleanly()
+
+
+def test_a_count_tokens_still_upstream_when_the_grace_period_ends_is_answered_503_in_anthropics_shape(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """As for chat above, on the single-attempt route of the Messages API (proxy/passthrough.py): the
+    cut request gets the proxy's own 503 `server_stopping` in Anthropic's shape, and nothing is
+    logged as an unhandled exception."""
+    fake, url = upstream
+    fake.default(Reply("hang"))
+    instance = serves(url)
+    config = Path(instance.args[2])
+    config.write_text(
+        config.read_text().replace('class = "local"\n', 'class = "local"\napis = ["chat", "messages"]\n', 1)
+    )
+    proc = instance.start()
+    answer: list[httpx.Response] = []
+    body = {"model": "alpha/m1", "messages": [{"role": "user", "content": "hi"}]}
+
+    def send() -> None:
+        answer.append(
+            httpx.post(f"http://127.0.0.1:{instance.port}/v1/messages/count_tokens", json=body, timeout=10)
+        )
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    wait_for(lambda: fake.in_flight == 1, STOP_S, "the count reaching the upstream")
+    proc.send_signal(signal.SIGTERM)
+    thread.join(STOP_S)
+    assert exit_code(proc, STOP_S) == 0
+    stderr = stderr_of(proc)
+    assert answer, "no answer"
+    assert answer[0].status_code == 503, answer[0].text
+    assert answer[0].json()["error"]["type"] == "overloaded_error"
+    assert "server is stopping" in answer[0].json()["error"]["message"]
     assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
     instance.assert_closed_cleanly()
