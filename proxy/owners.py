@@ -15,6 +15,7 @@ reached through any other. An id names one response forever, so a local answer i
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Protocol
@@ -22,6 +23,9 @@ from typing import Protocol
 from proxy.resilience.clock import Clock
 from proxy.store import StateStore
 
+RESPONSE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
+"""What a response id a client names may look like to be looked up (a follow-up route's path, a
+request's `previous_response_id`): anything else is unknown here without asking."""
 RESPONSE_TTL_MS = 24 * 3600 * 1000
 MAX_RESPONSES = 100_000
 """Ids kept at most: a burst of answers beyond it forgets the oldest first."""

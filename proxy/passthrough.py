@@ -10,7 +10,6 @@ protecting, and its failures say nothing about the model). `GET`/`DELETE /v1/res
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 
 from starlette.requests import ClientDisconnect, Request
@@ -19,13 +18,12 @@ from starlette.responses import Response, StreamingResponse
 from proxy import untrusted
 from proxy.apis import CLIENT_HEADERS, anthropic_error_body
 from proxy.engine import Target
+from proxy.owners import RESPONSE_ID
 from proxy.pipeline import BodyStalled, BodyTooLarge, Wire, _read_body, body_stalled, upstream_headers
 from proxy.responses import ErrorResponse, error_response
 from proxy.runtime import Runtime
 from proxy.scrub import Scrubber, StreamScrubber
 from proxy.upstream import UpstreamFailure, UpstreamResponse
-
-_RESPONSE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,256}")
 
 
 async def count_tokens(runtime: Runtime, request: Request) -> Response:
@@ -108,7 +106,7 @@ def _pick(runtime: Runtime, targets: list[Target]) -> tuple[Target, str] | None:
 async def response_follow_up(runtime: Runtime, request: Request) -> Response:
     """GET/DELETE `/v1/responses/{id}`, POST `/v1/responses/{id}/cancel`: to the creating connection."""
     ident = request.path_params["response_id"]
-    owner = await runtime.owners.lookup(ident) if _RESPONSE_ID.fullmatch(ident) else None
+    owner = await runtime.owners.lookup(ident) if RESPONSE_ID.fullmatch(ident) else None
     if owner is None:
         return error_response(
             404,

@@ -52,6 +52,7 @@ from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.guard import HEADERS_KEY
+from proxy.owners import RESPONSE_ID
 from proxy.resilience.clock import sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.events import Event
@@ -194,6 +195,9 @@ class Wire:
     """The client's own `anthropic-version` / `anthropic-beta`, passed upstream."""
     owners: ResponseOwners | None
     """Where a Responses API answer's id is remembered (None: not the Responses API)."""
+    follows: str | None = None
+    """The connection that created the response this request continues (`previous_response_id`):
+    selection prefers it over every other, a session's pin included."""
     ids: list[str] = field(default_factory=list)
     """The response ids this request's answer named (a fleet waits for their owners' writes)."""
 
@@ -406,6 +410,7 @@ class Pipeline:
             stream = asked is True and endpoint != "embeddings"
             if record is not None:
                 record.model_asked, record.stream, record.bytes_in = model, stream, len(raw)
+            previous = body.get("previous_response_id") if endpoint == "responses" else None
             # The parsed document is done with: let its objects (a coding agent's: thousands) go now,
             # while they are young, rather than keep them through the attempts and into the cyclic
             # collector's older generations.
@@ -454,7 +459,16 @@ class Pipeline:
                     return response
             wire = None
             if api in ("messages", "responses"):
-                wire = Wire(api, _client_headers(headers), self.owners if api == "responses" else None)
+                owners = self.owners if api == "responses" else None
+                # A conversation continued by `previous_response_id` lives only at the connection
+                # that created that response: another key of the provider answers 400
+                # `previous_response_not_found`. It is tried first, as a session pin would be.
+                follows = (
+                    await owners.lookup(previous)
+                    if owners is not None and type(previous) is str and RESPONSE_ID.fullmatch(previous)
+                    else None
+                )
+                wire = Wire(api, _client_headers(headers), owners, follows)
             if record is not None:
                 record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
 
@@ -511,7 +525,12 @@ class Pipeline:
             # A fleet: the session may have moved to another replica since this one pinned it.
             await engine.shared.refresh_pin(session)
         while True:
-            decision = engine.select(targets, tried=progress.tried, session=session)
+            decision = engine.select(
+                targets,
+                tried=progress.tried,
+                session=session,
+                prefer=wire.follows if wire is not None else None,
+            )
             if isinstance(decision, NoTarget):
                 if record is not None and trail is not None:
                     trail.nothing_eligible(record, decision)

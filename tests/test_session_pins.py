@@ -150,3 +150,21 @@ def test_a_pin_another_replica_made_is_adopted_unless_this_replicas_own_is_later
     assert engine.pins["s"] == ("oa-2", mine + 1) and "t" not in engine.pins
     # Adopted pins are the fleet's: not this replica's to persist.
     assert engine._layers.pins.take_dirty() == ({}, [])
+
+
+def test_a_preferred_connection_comes_before_priority_and_the_sessions_pin() -> None:
+    """`prefer` (the connection that created the response a request continues) wins over a lower
+    priority number and over the session's own pin; when it cannot serve, selection goes on as
+    usual rather than fail."""
+    clock = FakeClock()
+    engine = make_engine(clock)
+    serve(engine, "s")  # pinned to oa-1, the lower priority number
+    attempt = engine.select([GPT], session="s", prefer="oa-2")
+    assert isinstance(attempt, Attempt) and attempt.connection.id == "oa-2"
+    engine.record(attempt, Outcome.ok())
+    engine.connections["oa-2"].health.enabled = False  # the operator took it out of service
+    attempt = engine.select([GPT], session="s", prefer="oa-2")
+    assert isinstance(attempt, Attempt) and attempt.connection.id == "oa-1"
+    engine.record(attempt, Outcome.ok())
+    attempt = engine.select([GPT], prefer="gone")  # a connection no longer configured
+    assert isinstance(attempt, Attempt) and attempt.connection.id == "oa-1"

@@ -36,11 +36,13 @@ class Routing(EnginePart):
         *,
         tried: Iterable[str] = (),
         session: str | None = None,
+        prefer: str | None = None,
     ) -> Attempt | NoTarget:
         """Pick the first target with an eligible connection (docs/resilience.md#routing-and-fallback).
 
         Skips a provider whose breaker rejects, then picks a connection that is enabled, not
-        cooling, not terminal and not locked for the model: a live session pin first, then free
+        cooling, not terminal and not locked for the model: the connection id `prefer` names (where
+        the conversation a request continues lives) or else a live session pin first, then free
         concurrency slots, the lowest `priority`, the least recently used. `tried` holds
         connection ids this request already attempted.
         """
@@ -48,10 +50,11 @@ class Routing(EnginePart):
         tried_set = set(tried) if tried else None
         lockouts = self.lockouts
         pinned: ConnectionRuntime | None = None
-        if session is not None:
+        pinned_id = prefer
+        if pinned_id is None and session is not None:
             pinned_id = self.pins.connection_for(session, now)
-            if pinned_id is not None:
-                pinned = self.connections.get(pinned_id)
+        if pinned_id is not None:
+            pinned = self.connections.get(pinned_id)
         for target in targets:
             provider = self.providers.get(target.provider)
             if provider is None:

@@ -1,0 +1,64 @@
+"""`previous_response_id` on `POST /v1/responses` names a response that only the upstream (and key)
+that created it knows, like the follow-up routes (`GET /v1/responses/{id}`), which the proxy sends
+to the creating connection (docs/apis.md, "The response memory"). A conversation that Codex-style
+clients continue with `previous_response_id` must not be sent to another key of the same provider,
+which answers 400 `previous_response_not_found`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import openai
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.fakes import LiveServer, dialects
+from tests.integration.test_proxy import Proxy
+
+
+def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_created_it(
+    launch: Callable[..., Proxy],
+) -> None:
+    ids = itertools.count(1)
+    known: dict[str, str] = {}  # response id -> the key that created it (one account per key)
+
+    async def create(request: Request) -> Response:
+        body = await request.json()
+        key = request.headers["authorization"]
+        previous = body.get("previous_response_id")
+        if previous is not None and known.get(previous) != key:
+            error = {
+                "message": f"Previous response with id '{previous}' not found.",
+                "type": "invalid_request_error",
+                "param": "previous_response_id",
+                "code": "previous_response_not_found",
+            }
+            return JSONResponse({"error": error}, status_code=400)
+        ident = f"resp_{next(ids)}"
+        known[ident] = key
+        return JSONResponse(dialects.response(ident, body["model"], "hi"))
+
+    server = LiveServer(Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])).start()
+    try:
+        # Two keys of one provider, equal in priority: the proxy spreads requests over both.
+        config = (
+            f'[providers.codex]\nclass = "apikey"\nbase_url = "{server.url}/v1"\napis = ["responses"]\n\n'
+        )
+        for cid in ("key-a", "key-b"):
+            config += f'[[providers.codex.connections]]\nid = "{cid}"\napi_key = "sk-{cid}-0123456789"\n\n'
+        proxy = launch(config)
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0)
+        try:
+            previous = client.responses.create(model="codex/m1", input="hi").id
+            for turn in range(4):
+                previous = client.responses.create(
+                    model="codex/m1", input=f"turn {turn}", previous_response_id=previous
+                ).id
+        finally:
+            client.close()
+    finally:
+        server.stop()
