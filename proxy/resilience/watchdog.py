@@ -73,7 +73,18 @@ class Activity(Enum):
 
 
 _RESPONSES_TEXT = "response.output_text.delta"
-_RESPONSES_SUSPEND = ("response.function_call_arguments.delta", "response.reasoning")  # prefixes
+_RESPONSES_SUSPEND = (  # prefixes: a tool call's input (of every kind of tool), a tool the upstream
+    # runs itself (searching, interpreting, generating: no text meanwhile), reasoning
+    "response.function_call_arguments",
+    "response.custom_tool_call_input",  # a freeform tool's input: Codex's `apply_patch` writes a patch so
+    "response.mcp_call",
+    "response.code_interpreter_call",
+    "response.web_search_call",
+    "response.file_search_call",
+    "response.image_generation_call",
+    "response.reasoning",
+)
+_RESPONSES_ITEM_ADDED = "response.output_item.added"
 _RESPONSES_FINISH = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Anthropic Messages: text arrives as `content_block_delta` with a `text_delta`; tool input
 # (`input_json_delta`) and thinking (`thinking_delta`, `signature_delta`) suspend, as does the start
@@ -89,9 +100,11 @@ def useful_bytes(event: Mapping[str, object]) -> tuple[int, Activity]:
     Chat: the `choices[].delta.content` strings. Responses API: `response.output_text.delta`.
     Messages API: `content_block_delta` text deltas; its tool-input and thinking deltas and the
     start of a non-text block suspend, `message_delta` / `message_stop` finish.
-    Tool-call deltas (`delta.tool_calls`, legacy `delta.function_call`,
-    `response.function_call_arguments.delta`) and reasoning deltas (`delta.reasoning_content`,
-    `delta.reasoning`, `response.reasoning*`) → SUSPEND. A choice with a `finish_reason` (or
+    Tool-call deltas (`delta.tool_calls`, legacy `delta.function_call`, the Responses API's
+    `response.function_call_arguments.delta`, `custom_tool_call_input`, `mcp_call*` and the
+    upstream's own tools, `web_search_call*` and the like, and an output item that is not a
+    message) and reasoning deltas (`delta.reasoning_content`, `delta.reasoning`,
+    `response.reasoning*`) → SUSPEND. A choice with a `finish_reason` (or
     `response.completed`/`incomplete`/`failed`) → FINISH. When one event carries several of
     these, FINISH beats SUSPEND beats TEXT; the byte count always covers all the text in it.
     """
@@ -104,6 +117,10 @@ def useful_bytes(event: Mapping[str, object]) -> tuple[int, Activity]:
             )
         if kind.startswith(_RESPONSES_SUSPEND):
             return 0, Activity.SUSPEND
+        if kind == _RESPONSES_ITEM_ADDED:  # as a Messages block: an item that is not a message suspends
+            item = event.get("item")
+            is_message = isinstance(item, Mapping) and item.get("type") == "message"
+            return (0, Activity.NONE) if is_message else (0, Activity.SUSPEND)
         if kind in _RESPONSES_FINISH:
             return 0, Activity.FINISH
         if kind == _MESSAGES_DELTA:

@@ -43,6 +43,21 @@ TOOL_CALL = {
         ({"type": "response.function_call_arguments.delta", "delta": '{"a"'}, (0, Activity.SUSPEND)),
         ({"type": "response.reasoning_summary_text.delta", "delta": "x"}, (0, Activity.SUSPEND)),
         ({"type": "response.reasoning_text.delta", "delta": "x"}, (0, Activity.SUSPEND)),
+        # every kind of tool call's input, and a tool the upstream runs itself, is a tool call in flight
+        (
+            {"type": "response.custom_tool_call_input.delta", "delta": "*** Begin Patch"},
+            (0, Activity.SUSPEND),
+        ),
+        ({"type": "response.mcp_call_arguments.delta", "delta": '{"q"'}, (0, Activity.SUSPEND)),
+        ({"type": "response.code_interpreter_call_code.delta", "delta": "import"}, (0, Activity.SUSPEND)),
+        ({"type": "response.web_search_call.searching", "item_id": "ws_1"}, (0, Activity.SUSPEND)),
+        ({"type": "response.file_search_call.in_progress", "item_id": "fs_1"}, (0, Activity.SUSPEND)),
+        ({"type": "response.image_generation_call.generating", "item_id": "ig_1"}, (0, Activity.SUSPEND)),
+        (
+            {"type": "response.output_item.added", "item": {"type": "custom_tool_call", "input": ""}},
+            (0, Activity.SUSPEND),
+        ),
+        ({"type": "response.output_item.added", "item": {"type": "message"}}, (0, Activity.NONE)),
         ({"type": "response.completed", "response": {}}, (0, Activity.FINISH)),
         ({"type": "response.created", "response": {}}, (0, Activity.NONE)),
         ({"type": "response.output_text.done", "text": "all of it"}, (0, Activity.NONE)),
