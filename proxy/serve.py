@@ -155,7 +155,9 @@ def _lock(state_path: Path, sock: socket.socket) -> StateLock:
         if exc.errno == errno.ENOSPC:
             reason = f"the disk is full ({why}); free space there or move the state file"
         elif exc.errno in _NOT_PERMITTED:
-            blocker = lock if lock.exists() else lock.parent
+            # The lock file, or else the nearest directory that exists: the one that would not
+            # take the missing ones (naming a directory that is not there tells nothing).
+            blocker = lock if lock.exists() else next(p for p in lock.parents if p.exists())
             reason = f"{blocker} is not writable by this user ({why}); fix its owner, mode or mount, or choose another --state"
         else:
             reason = why

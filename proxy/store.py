@@ -318,6 +318,12 @@ class SqliteStore:
             raise StoreError(f"{self.path}: cannot create its directory ({exc.strerror or exc})") from exc
         if os.path.isdir(self.path):
             raise StoreError(f"{self.path}: is a directory, not a state database")
+        # Before SQLite touches anything: it opens a file it may not write read-only, and creates
+        # the -wal and -shm files beside it with the file's own mode, which would then refuse the
+        # next start too, after the operator fixed what this one named.
+        blocker = _first_unwritable(self.path)
+        if blocker is not None:
+            raise StoreError(_not_writable(self.path, blocker, None))
         self._fg = self._connect(synchronous="FULL", prepare=True)
         self._fg_lock = threading.Lock()
         try:
@@ -392,10 +398,7 @@ class SqliteStore:
         if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_CANTOPEN):
             blocker = _first_unwritable(path)
             if blocker is not None:
-                return (
-                    f"{path}: cannot write the state database: {blocker} is not writable by this user"
-                    f" ({exc}); fix its owner, mode or mount, or choose another --state"
-                )
+                return _not_writable(path, blocker, exc)
             verb = "open" if code == sqlite3.SQLITE_CANTOPEN else "write"
             return f"{path}: cannot {verb} the state database ({exc})"
         if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
@@ -757,6 +760,14 @@ def _rollback_quietly(db: sqlite3.Connection) -> None:
     if db.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             db.execute("ROLLBACK")
+
+
+def _not_writable(path: str, blocker: str, exc: sqlite3.Error | None) -> str:
+    said = f" ({exc})" if exc is not None else ""
+    return (
+        f"{path}: cannot write the state database: {blocker} is not writable by this user{said};"
+        " fix its owner, mode or mount, or choose another --state"
+    )
 
 
 def _first_unwritable(path: str) -> str | None:

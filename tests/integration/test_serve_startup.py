@@ -241,3 +241,31 @@ def test_status_finds_the_instance_that_holds_the_state_file(tmp_path: Path) -> 
         assert json.loads(result.stdout)["version"] == __version__
     after = subprocess.run(command, capture_output=True, text=True, timeout=30, env=environment())
     assert after.returncode == 3, after.stderr  # stopped: the lock is free, the config's port is empty
+
+
+def test_a_start_refused_for_an_unwritable_state_file_leaves_no_file_behind(tmp_path: Path) -> None:
+    """The operator does what the message says (makes the file writable again) and starts again: the
+    refused start must not have left SQLite's -wal/-shm files behind, which SQLite creates with the
+    state file's own mode (0444 for another user's read-only file) and which then refuse the next
+    start in turn ("...state.db-shm is not writable by this user")."""
+    state = tmp_path / "state.db"
+    SqliteStore(state).close()
+    with unwritable(state):
+        result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert "is not writable" in result.stderr
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(("-wal", "-shm")))
+    assert left == [], f"the refused start left {left} behind"
+
+
+def test_a_state_path_under_a_directory_that_cannot_take_it_names_that_directory(tmp_path: Path) -> None:
+    """`--state ro/sub/state.db` where `ro` may not be written: the refusal named `ro/sub`, which does
+    not exist, as the directory that is not writable; it names `ro`, which the operator can fix."""
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    state = locked / "sub" / "state.db"
+    with unwritable(locked):
+        result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert f"{locked} is not writable by this user" in result.stderr, result.stderr
+    assert f"{locked / 'sub'} is not writable" not in result.stderr
