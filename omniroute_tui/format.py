@@ -231,5 +231,6 @@ OUTCOME_WORDS: Final[dict[str, str]] = {
     "returned": "→ returned to the client",
     "disconnect": "→ client gone",
     "local": "→ refused locally",
+    "pending": "",
 }
 """How the detail pane and `omniroute requests` end an attempt's line, by its outcome."""

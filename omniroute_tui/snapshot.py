@@ -557,6 +557,9 @@ def request_detail(r: RequestView) -> Detail:
     last = attempts - 1
     for i, a in enumerate(r.attempts):
         lines += before[i]
+        if a.outcome == "pending":  # in flight: where it went, and what it is doing there
+            lines.append((f"{visible(a.connection_id)}  {visible(a.reason)}", fmt.INFO))
+            continue
         status = str(a.status) if a.status is not None else visible(a.reason)
         text = f"{visible(a.connection_id)}  {status} in {fmt.latency(a.duration_ms)}"
         if a.outcome == "ok" and i == last:

@@ -23,6 +23,7 @@ from proxy import __version__
 from proxy.apis import API_NAMES
 from proxy.readmodel import (
     ALIVE_STATES,
+    ATTEMPT_OUTCOMES,
     DEFAULT_REQUESTS_LIMIT,
     DEFAULT_WINDOW,
     MAX_REQUESTS_LIMIT,
@@ -321,7 +322,12 @@ def _schemas() -> dict[str, Schema]:
                 "startedAt": _TIME,
                 "durationMs": _MS,
                 "status": _nullable("integer", description="after restatement; null when nothing answered"),
-                "outcome": {"type": "string", "enum": ["ok", "fallback", "returned", "disconnect", "local"]},
+                "outcome": {
+                    "type": "string",
+                    "enum": list(ATTEMPT_OUTCOMES),
+                    "description": "`pending`: still in flight (an alive request's current attempt;"
+                    " its durationMs is the time so far)",
+                },
                 "reason": {
                     **_STR,
                     "description": "in words: `429 rate_limited`, `timeout before the response headers`",

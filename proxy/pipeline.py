@@ -1468,6 +1468,8 @@ class _AttemptScope:
         self.session = session
         self.trail = trail
         self.record = record if trail is not None else None
+        if self.record is not None:
+            self.record.current = attempt  # (shown as pending until `finish` records it)
         self.ticket: Ticket | None = None
         self.semaphore: ConnectionSemaphore | None = None
         self.upstream: UpstreamResponse | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from proxy.engine import ConnectionRuntime, Engine, ProviderRuntime
 from proxy.resilience.breaker import CircuitBreaker, escalated_reset_timeout_ms
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALIVE_STATES",
+    "ATTEMPT_OUTCOMES",
     "DEFAULT_REQUESTS_LIMIT",
     "DEFAULT_WINDOW",
     "LOCAL_REPLICA",
@@ -82,7 +83,10 @@ LOCAL_REPLICA = "local"
 DEFAULT_REQUESTS_LIMIT = 200
 MAX_REQUESTS_LIMIT = 1000
 """`GET /api/requests?limit=`: its default and its ceiling."""
-AttemptOutcome = Literal["ok", "fallback", "returned", "disconnect", "local"]
+AttemptOutcome = Literal["ok", "fallback", "returned", "disconnect", "local", "pending"]
+"""How an attempt ended; `pending`: it has not (the request's one attempt in flight, in an alive
+record's view only)."""
+ATTEMPT_OUTCOMES: tuple[AttemptOutcome, ...] = get_args(AttemptOutcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -979,9 +983,7 @@ def _count(value: object) -> int:
     return value if type(value) is int and value >= 0 else 0
 
 
-_OUTCOMES: dict[object, AttemptOutcome] = {
-    o: o for o in ("ok", "fallback", "returned", "disconnect", "local")
-}
+_OUTCOMES: dict[object, AttemptOutcome] = {o: o for o in ATTEMPT_OUTCOMES}
 
 
 def _outcome(value: object) -> AttemptOutcome:

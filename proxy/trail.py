@@ -75,6 +75,15 @@ AttemptRow = tuple[str, str, str, float, float, int | None, AttemptOutcome, str]
 """An attempt as the record keeps it: `AttemptView`'s fields, in order."""
 
 
+_PENDING_WORDS = {
+    "queued": "in the request queue",
+    "slot": "waiting for a concurrency slot",
+    "upstream": "sent, no answer yet",
+    "streaming": "streaming",
+}
+"""An attempt in flight in words, by its record's state."""
+
+
 class RequestRecord:
     """One request as it runs; the pipeline writes it, readers get a `RequestView` of it."""
 
@@ -84,6 +93,7 @@ class RequestRecord:
         "bytes_out",
         "client",
         "code",
+        "current",
         "ended_at",
         "endpoint",
         "id",
@@ -124,9 +134,30 @@ class RequestRecord:
         self.attempts: list[AttemptRow] = []
         self.skipped: list[SkipView] | None = None
         self.waits: list[WaitView] | None = None
+        self.current: Attempt | None = None
+        """The attempt in flight (from its dispatch until the engine records it): an alive record's
+        view shows it as `pending`, so that a long stream says where it goes."""
 
-    def view(self) -> RequestView:
+    def view(self, now: float | None = None) -> RequestView:
+        """The record as readers see it; `now` (an alive record's): the time its attempt in flight
+        has taken so far."""
         ended = self.ended_at
+        attempts = tuple(AttemptView(*a) for a in self.attempts)
+        current = self.current
+        if current is not None and ended is None:
+            started = current.started_at
+            attempts += (
+                AttemptView(
+                    current.target.name,
+                    current.provider.spec.id,
+                    current.connection.id,
+                    started,
+                    max(0.0, (now if now is not None else started) - started),
+                    None,
+                    "pending",
+                    _PENDING_WORDS.get(self.state, "in flight"),
+                ),
+            )
         return RequestView(
             id=self.id,
             seq=self.seq,
@@ -146,7 +177,7 @@ class RequestRecord:
             usage=None if self.usage is None else UsageView(*self.usage),
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
-            attempts=tuple(AttemptView(*a) for a in self.attempts),
+            attempts=attempts,
             skipped=tuple(self.skipped or ()),
             waits=tuple(self.waits or ()),
         )
@@ -244,6 +275,7 @@ class Trail:
         started = attempt.started_at
         if now is None:
             now = self.clock.now()
+        record.current = None
         record.attempts.append(
             (
                 attempt.target.name,
@@ -424,7 +456,7 @@ class Trail:
         record = self.alive.get(request_id) or next(
             (r for r in reversed(self.ring) if r.id == request_id), None
         )
-        return record.view() if record is not None else None
+        return record.view(self.clock.now()) if record is not None else None
 
     def finished_since(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
         """The records that ended after a reader's `mark` (still in the ring; at most the newest
@@ -439,17 +471,19 @@ class Trail:
         return [r.view() for r in islice(ring, len(ring) - count, None)], self.finished
 
     def alive_views(self) -> list[RequestView]:
-        return [r.view() for r in self.alive.values()]
+        now = self.clock.now()
+        return [r.view(now) for r in self.alive.values()]
 
     def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]:
         """Views of the alive records whose state is not the one a reader `known` for them, and
         every alive record's state now (the reader's next `known`): views only for what moved."""
         states = {}
         changed = []
+        now = self.clock.now()
         for request_id, record in self.alive.items():
             state = states[request_id] = record.state
             if known.get(request_id) != state:
-                changed.append(record.view())
+                changed.append(record.view(now))
         return changed, states
 
     def views(
@@ -473,7 +507,8 @@ class Trail:
             chosen = chosen[:limit]
         if newest is not None:
             chosen = chosen[len(chosen) - newest :] if newest > 0 else []
-        return [r.view() for r in chosen]
+        now = self.clock.now()
+        return [r.view(now) for r in chosen]
 
 
 def _seq(record: RequestRecord) -> int:

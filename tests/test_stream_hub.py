@@ -33,9 +33,9 @@ class ViewCount:
         self.built = 0
         view = RequestRecord.view
 
-        def counted(record: RequestRecord) -> RequestView:
+        def counted(record: RequestRecord, now: float | None = None) -> RequestView:
             self.built += 1
-            return view(record)
+            return view(record, now)
 
         monkeypatch.setattr(RequestRecord, "view", counted)
 

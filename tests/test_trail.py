@@ -471,3 +471,28 @@ def test_the_request_path_leaves_the_statistics_alone_until_a_batch_is_full() ->
     assert trail._stats.report("1m", clock.now()).providers["p"].requests == FOLD_BATCH
     _served(trail, engine, clock, FOLD_BATCH + 1, 10.0, 200)
     assert trail.stats.report("1m", clock.now()).providers["p"].requests == FOLD_BATCH + 1
+
+
+def test_an_alive_records_attempt_in_flight_is_shown_pending_until_it_is_recorded() -> None:
+    """A long stream says where it goes while it goes (found by an operator's trial: a streaming
+    request read `Went to —`, no attempt): the attempt in flight is in the view as `pending`, with
+    its time so far, and gives way to the recorded one."""
+    clock = FakeClock(T0)
+    trail, engine = _trail(clock)
+    record = trail.begin("r1", "127.0.0.1", "chat")
+    decision = engine.select([Target("p", "m")])
+    assert isinstance(decision, Attempt)
+    record.current = decision  # what the pipeline's attempt scope does at dispatch
+    trail.state(record, "upstream")
+    clock.advance(250)
+    (pending,) = trail.alive_views()[0].attempts
+    assert (pending.connection_id, pending.outcome, pending.status) == ("c1", "pending", None)
+    assert (pending.reason, pending.duration_ms) == ("sent, no answer yet", 250)
+    trail.first_byte(record)
+    assert trail.view("r1").attempts[0].reason == "streaming"  # type: ignore[union-attr]
+    outcome = Outcome.ok()
+    recorded = engine.record(decision, outcome)
+    trail.attempt(record, decision, outcome, recorded.verdict, recorded.status, committed=True)
+    assert [a.outcome for a in trail.alive_views()[0].attempts] == ["ok"]
+    trail.end(record, 200)
+    assert [a.outcome for a in trail.view("r1").attempts] == ["ok"]  # type: ignore[union-attr]

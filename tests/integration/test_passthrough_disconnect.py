@@ -1,8 +1,8 @@
 """A client that goes away stops costing anything, on the single-attempt routes of the passed-through
 APIs too: `POST /v1/messages/count_tokens` and the Responses follow-ups (`GET /v1/responses/{id}`).
 
-quality.md §4: "a non-streamed upstream call in flight is cancelled". The chat-like routes get this
-from the pipeline's client watch (tests/integration/test_disconnect.py); these routes are answered by
+docs/apis.md#routes: the single-attempt routes end as the others do when their client goes away
+(the upstream call is cancelled). The chat-like routes get this from the pipeline's client watch (tests/integration/test_disconnect.py); these routes are answered by
 proxy/passthrough.py, outside it.
 """
 

@@ -484,3 +484,26 @@ def test_messages_requests_leave_records_too(
     # output's at its end (message_delta): the record has both.
     assert streamed["usage"] == {"promptTokens": 5, "completionTokens": 4, "totalTokens": 9}
     assert PRIVATE not in json.dumps([plain, streamed])
+
+
+def test_a_request_streaming_says_where_it_is_streaming_from(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """Found by an operator's trial of the demo: a request in state `streaming` (TTFT 83 ms, bytes
+    flowing) is shown on the Requests tab as gone nowhere: `Went to —`, `Attempts 0`, and its
+    detail pane holds no attempt line, because the attempt is recorded only once it has ended.
+    The operator watching a long stream cannot tell which connection is serving it, though the
+    client already holds `X-OmniRoute-Selected-Connection-Id`."""
+    up = upstreams("up")
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    up.fake.default(Reply("stream", chunks=200, delay_ms=20))
+    body = {"model": "loc/m1", "messages": [], "stream": True}
+    answer = in_thread(lambda: proxy.http.post(CHAT_PATH, json=body))
+    wait_until(
+        lambda: [r["state"] for r in records(proxy, "?state=alive")] == ["streaming"],
+        what="the request to stream",
+    )
+    (alive,) = records(proxy, "?state=alive")
+    assert answer().status_code == 200
+    proxy.settled()
+    assert [(t["provider"], t["connectionId"]) for t in alive["attempts"]] == [("loc", "loc-1")], alive

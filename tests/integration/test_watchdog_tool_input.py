@@ -1,5 +1,5 @@
-"""The throughput watchdog suspends judgement while a tool call's input streams (resilience.md §9:
-"while a tool-call or reasoning delta is in flight the watchdog suspends judgement"). On the
+"""The throughput watchdog suspends judgement while a tool call's input streams
+(docs/resilience.md#streams-and-the-throughput-watchdog). On the
 Responses API a tool call's input streams as `response.function_call_arguments.delta` for a
 function tool, and as `response.custom_tool_call_input.delta` for a custom (freeform) tool, which
 is how Codex's `apply_patch` writes a patch. A long patch is as much a tool call as a long JSON

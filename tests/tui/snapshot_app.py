@@ -18,6 +18,7 @@ from omniroute_tui.app import OmniRouteApp, make_app
 from omniroute_tui.remote import Mirror, Remote
 from proxy import untrusted
 from proxy.config import load_config
+from proxy.engine import Attempt, Target
 from proxy.readmodel import SkipView, WaitView
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.lockout import LockoutSettings
@@ -200,6 +201,14 @@ def traffic(runtime: Runtime, at: Callable[[float], float]) -> None:
     trail.state(r, "waiting")
     r.skipped = [SkipView("openai/gpt-4o", "openai-main", "cooling 4 s (429 rate_limited)", 4_000)]
     r = request(5, 9.4, "ollama/llama3:70b", stream=True)
+    engine = runtime.engine
+    r.current = Attempt(  # in flight: what the pipeline's attempt scope holds
+        Target("ollama", "llama3:70b"),
+        engine.providers["ollama"],
+        engine.connections["ollama-1"],
+        False,
+        at(9.4),
+    )
     at(9.4 + 0.9 / 60)
     trail.first_byte(r)
 

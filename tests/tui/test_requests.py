@@ -58,6 +58,19 @@ async def test_the_detail_pane_tells_the_trail_in_words() -> None:
         assert detail.lines[0][0] == "openai-main  429 in 180 ms (rate_limited) → fallback"
 
 
+async def test_a_streaming_request_says_where_it_streams_from() -> None:
+    """Its attempt is in flight (recorded when it ends): the row and the detail still name the
+    connection (found by an operator's trial: `Went to —`, no line at all)."""
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await settle(pilot)
+        row = shown(app).rows[0]
+        assert (row.cells[3], row.cells[4], row.cells[5]) == ("ollama/ollama-1", "1", "streaming")
+        detail = shown(app).detail
+        assert detail is not None and detail.lines[0][0] == "ollama-1  streaming"
+
+
 async def test_a_clients_model_name_is_text_not_terminal_control() -> None:
     runtime = build_runtime()
     trail = runtime.trail
