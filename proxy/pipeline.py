@@ -1085,8 +1085,13 @@ class Pipeline:
                     if error is not None:
                         outcome = _stream_failure(error, engine.scrubber)
                         return
-                if _ends_inside_an_event(previous + last):
+                tail = previous + last
+                if _ends_inside_an_event(tail):
                     raise UpstreamFailure(_CUT_INSIDE_AN_EVENT)
+                if wire.api == "messages" and b"message_stop" not in tail:
+                    # Whole events, but not the whole answer: Anthropic's SDK hands such a message
+                    # back with `stop_reason: null` as if it were complete.
+                    raise UpstreamFailure(_ENDED_BEFORE_MESSAGE_STOP)
                 outcome = Outcome.ok(upstream.status)
             except UpstreamFailure as failure:
                 outcome = failure.outcome
@@ -1524,6 +1529,9 @@ class _Ending(bytes):
 
 
 _CUT_INSIDE_AN_EVENT = Outcome.network("the stream ended inside an event")
+_ENDED_BEFORE_MESSAGE_STOP = Outcome.network("the stream ended before message_stop")
+"""A Messages stream's last event is `message_stop` (its last two reads are looked at: that event is
+a few dozen bytes, written last)."""
 
 
 def _ends_inside_an_event(tail: bytes) -> bool:

@@ -225,3 +225,43 @@ def test_a_stream_whose_connection_closes_inside_an_event_ends_as_broken_off(
     assert (record["state"], record["code"]) == ("failed", "stream_interrupted"), record
     assert record["attempts"][0]["outcome"] != "ok"
     proxy.settled()
+
+
+CUT_MESSAGES_BETWEEN_EVENTS = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+    b'"role":"assistant","model":"m1","content":[],"stop_reason":null,"stop_sequence":null,'
+    b'"usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"hel"}}\n\n'
+)
+
+
+def test_a_messages_stream_whose_connection_closes_between_events_before_message_stop_is_broken_off(
+    launch: Callable[..., Proxy], raw: Callable[..., RawUpstream]
+) -> None:
+    """The same upstream (body ends where its connection does), closing after a whole event but
+    before `message_stop`: the answer is not whole (no `message_delta`, no `message_stop`: the
+    Anthropic SDK hands back a message with `stop_reason: None` as if it were complete), so the
+    client must get the API's error event and the attempt must not count as a success."""
+    sse = [b"content-type: text/event-stream"]
+    odd = raw(
+        lambda p: RawUpstream.response(b"HTTP/1.1 200 OK", sse, CUT_MESSAGES_BETWEEN_EVENTS, length=False)
+    )
+    proxy = launch(provider("odd", "local", odd.url, "odd-1", extra='apis = ["messages"]'))
+    body = {
+        "model": "odd/m1",
+        "max_tokens": 5,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    response = proxy.http.post("/v1/messages", json=body, headers=JSON)
+    assert response.status_code == 200
+    text = response.text
+    assert text.startswith(CUT_MESSAGES_BETWEEN_EVENTS.decode()), text
+    assert "event: error" in text[len(CUT_MESSAGES_BETWEEN_EVENTS) :], text
+    record = proxy.http.get("/api/requests").json()["requests"][-1]
+    assert record["state"] == "failed", record
+    assert record["attempts"][0]["outcome"] != "ok"
+    proxy.settled()
