@@ -291,18 +291,7 @@ class Pipeline:
         `handle` does not run. A client that goes away ends it at once (its upstream connection
         is closed, so the upstream stops working on it too); one cut by the server's stop is
         answered STOPPING, as `handle` answers its own, never with a bare 500."""
-        watch = _ClientWatch(receive)
-        try:
-            return await work
-        except asyncio.CancelledError:
-            if watch.left():
-                return error_response(499, "the client went away before the answer", "client_disconnected")
-            if self.stopping:
-                _uncancel()
-                return error_response(*STOPPING, headers=STOPPING_HEADERS)
-            raise
-        finally:
-            watch.stop()
+        return await _while_connected(receive, work, lambda: self.stopping)
 
     def nudge(self, event: Event) -> None:
         """An event bus subscriber: an operator's action or a settings change may have freed what a
@@ -1625,6 +1614,24 @@ class _RelayResponse(StreamingResponse):
                 engine.stats.finished(outcome is not None and outcome.is_success, now)
                 if attempt.record is not None and attempt.trail is not None:
                     _stream_ended(attempt.trail, attempt.record, self.status_code, outcome, now)
+
+
+async def _while_connected(
+    receive: Receive, work: Coroutine[Any, Any, Response], stopping: Callable[[], bool] = lambda: False
+) -> Response:
+    """`Pipeline.while_connected`; `stopping`: whether the server has begun to stop."""
+    watch = _ClientWatch(receive)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watch.left():
+            return error_response(499, "the client went away before the answer", "client_disconnected")
+        if stopping():
+            _uncancel()
+            return error_response(*STOPPING, headers=STOPPING_HEADERS)
+        raise
+    finally:
+        watch.stop()
 
 
 def _uncancel() -> None:

@@ -1,4 +1,4 @@
-"""The watch that ends a request's work when its client leaves (`proxy.pipeline._while_connected`).
+"""The watch that ends a request's work when its client leaves (`Pipeline.while_connected`, in `proxy.pipeline._while_connected`).
 
 Under uvicorn it waits on the server's own signal (`_ClientWatch`), under any other server it runs
 `receive()` as a task: both must end the work when the client goes, and neither when it stays.
