@@ -55,6 +55,8 @@ from proxy.signals import StopSignals
 log = logging.getLogger("omniroute.tui")
 
 TABLE_TABS = ("breakers", "connections", "lockouts", "events", "requests")
+ACTION_TABS = ("breakers", "connections", "lockouts")
+"""The tabs whose rows `r`, `e` and `R` act on."""
 SHORT_ROWS = 20
 WIDE_COLUMNS = 90
 QUIT_QUESTION = "quit-question"
@@ -94,6 +96,8 @@ class OmniRouteApp(App[int]):
             show=False,
             id="clear-filter",
         ),
+        # Read-only, the tables' action keys are not offered; pressed anyway, they are answered.
+        Binding("r,e,R", "refuse", "Actions are off (read-only)", show=False, id="read-only-refusal"),
         Binding("p", "pause", "Pause", tooltip="Stop live updates", id="pause"),
         Binding("p", "resume", "Resume", tooltip="Live updates again (while paused)", id="resume"),
         Binding("question_mark", "help", "Help", tooltip="List every key", id="help"),
@@ -415,7 +419,7 @@ class OmniRouteApp(App[int]):
     def _action_requested(self, message: ResourceTable.ActionRequested) -> None:
         action = message.action
         if self.read_only:
-            self.notify("read-only mode: actions are disabled", severity="warning")
+            self.action_refuse()
         elif action.asks:
 
             def answered(yes: bool | None) -> None:
@@ -486,12 +490,17 @@ class OmniRouteApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("filter", "sort", "reverse"):  # hidden where there is no table to act on
             return self.active_tab in TABLE_TABS
+        if action == "refuse":
+            return self.read_only and self.active_tab in ACTION_TABS
         if action in ("pause", "resume"):  # one key: the key bar says what it does now
             return self.feed.paused == (action == "resume")
         if action == "clear_filter":  # else escape is left to whatever else wants it
             tab = self.active_tab
             return tab in TABLE_TABS and bool(self.feed.views[tab].filter.strip())
         return True
+
+    def action_refuse(self) -> None:
+        self.notify("read-only mode: actions are disabled", severity="warning")
 
     def action_show_tab(self, tab: str) -> None:
         # Let go of the focus first: a focused widget in the pane being hidden hands the focus to its

@@ -77,7 +77,11 @@ def _subclasses(cls: type[Widget]) -> Iterator[type[Widget]]:
 
 def key_catalogue(app: ConsoleApp) -> list[KeyEntry]:
     """Every key the console answers to, grouped by where it works."""
-    entries = [KeyEntry("Everywhere", None, b) for b in Binding.make_bindings(type(app).BINDINGS)]
+    entries = [
+        KeyEntry("Everywhere", None, b)
+        for b in Binding.make_bindings(type(app).BINDINGS)
+        if b.action != "refuse"  # read-only's answer to the table keys, not a key of its own
+    ]
     entries.append(
         KeyEntry(
             "Everywhere",

@@ -426,6 +426,9 @@ async def test_read_only_disables_every_action() -> None:
                 await pilot.press(key)
                 await settle(pilot)
                 assert not isinstance(app.screen, ConfirmScreen)
+                # ...and the key is answered, not ignored (found by an operator's trial)
+                assert any("read-only mode" in n.message for n in app._notifications), key
+                app.clear_notifications()
         app.table_action("breakers", "reset")  # the palette still reaches the app, which refuses
         await settle(pilot)
         await settle(pilot)
