@@ -368,7 +368,12 @@ def connection_detail(c: ConnectionView, locks: Sequence[LockoutView], history: 
     status = c.status
     lines: list[tuple[str, str]] = []
     if c.last_error:
-        lines.append((f"last error: {fmt.clip(c.last_error, 200)}", fmt.CONNECTION_STYLES[status]))
+        # As the table writes it (`503 the model server is overloaded`), then as it came, if the
+        # upstream wrapped it (the wrapper can hold more than its message).
+        readable = fmt.readable_error(c.last_error) or c.last_error
+        lines.append((f"last error: {fmt.clip(readable, 200)}", fmt.CONNECTION_STYLES[status]))
+        if readable != c.last_error:
+            lines.append((f"as it came: {fmt.clip(c.last_error, 200)}", fmt.INFO))
         code = f" · code {c.error_code}" if c.error_code is not None else ""
         lines.append(
             (

@@ -214,3 +214,19 @@ async def test_at_80_columns_the_counts_line_keeps_every_count_and_the_rate_line
         assert "OPEN 1" in counts and "cooling 2" in counts and "lockouts 4" in counts
         bars = sum(c in BARS for c in counts)
         assert bars == 20 if width >= 100 else 6 <= bars < 20
+
+
+def test_the_connection_detail_reads_a_wrapped_error_as_the_table_does() -> None:
+    """Found by an operator's trial: the table said `503 the model server is overloaded`, its detail
+    pane the raw JSON wrapper. The detail now leads with the same words, then the text as it came."""
+    from omniroute_tui import snapshot
+    from tests.tui.snapshot_app import build_runtime
+
+    runtime = build_runtime()
+    raw = '503: {"error": {"message": "the model server is overloaded", "type": "server_error"}}'
+    runtime.engine.connections["openai-main"].health.last_error = raw
+    read = runtime.read
+    now = read.now()
+    (conn,) = [c for c in read.connections(now) if c.id == "openai-main"]
+    lines = [text for text, _ in snapshot.connection_detail(conn, [], []).lines]
+    assert lines[:2] == ["last error: 503 the model server is overloaded", f"as it came: {raw}"]
