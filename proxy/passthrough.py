@@ -114,6 +114,18 @@ async def response_follow_up(runtime: Runtime, request: Request) -> Response:
             " relayed for 24 hours",
             "response_not_found",
         )
+    conn = runtime.engine.connections.get(owner)
+    status = conn.health.status(runtime.engine.clock.now()) if conn is not None else None
+    if status is not None and status not in ("active", "cooling"):
+        # Out of service by the operator's word or for good (banned, expired, out of credits): its
+        # key is not used, for a follow-up either. (Cooling is no reason: the response is there.)
+        state = "disabled by the operator" if status == "disabled" else status.replace("_", " ")
+        return error_response(
+            503,
+            f"response {untrusted.echo(ident)!r} lives at connection {owner!r}, which is {state}:"
+            " it takes no requests until it is back in service",
+            "all_targets_unavailable",
+        )
     suffix = "/cancel" if request.url.path.endswith("/cancel") else ""
     path = f"responses/{ident}{suffix}"
     if request.url.query:

@@ -318,6 +318,26 @@ def test_the_response_memory_survives_a_restart(
     assert openai_client(proxy).responses.retrieve(ident).id == ident
 
 
+def test_a_follow_up_does_not_use_a_connection_taken_out_of_service(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """Found by an adversarial trial: with its connection disabled (chat on it answered 503), the
+    follow-up routes still sent its key upstream. Until it is back in service they answer 503."""
+    up = upstreams("codex-up")
+    proxy = launch(codex("codex", up.url, "codex-1"))
+    ident = openai_client(proxy).responses.create(model="codex/gpt-5", input="hi").id
+    assert proxy.http.put("/api/providers/codex-1", json={"isActive": False}).status_code == 200
+    sent = len(up.fake.requests)
+    for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/cancel")):
+        answer = proxy.http.request(method, f"/v1/responses/{ident}{path}")
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "all_targets_unavailable"
+        assert "disabled by the operator" in answer.json()["error"]["message"]
+    assert len(up.fake.requests) == sent  # nothing went upstream
+    assert proxy.http.put("/api/providers/codex-1", json={"isActive": True}).status_code == 200
+    assert proxy.http.get(f"/v1/responses/{ident}").status_code == 200
+
+
 def test_the_response_memory_forgets_after_a_day(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
