@@ -51,8 +51,10 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
     if not isinstance(body, dict):
         return error_response(400, "request body must be a JSON object", "invalid_request")
     model = body.get("model")
-    if not isinstance(model, str) or not model or not untrusted.is_text(model):
+    if not isinstance(model, str) or not model:
         return error_response(400, "`model` is required and must be a string", "missing_model")
+    if not untrusted.is_text(model):  # as the chat-like routes say it
+        return error_response(400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model")
     if len(model) > untrusted.MODEL_LIMIT:
         return error_response(400, untrusted.MODEL_TOO_LONG, "invalid_model")
     route = await runtime.router.resolve(model)

@@ -96,6 +96,21 @@ def test_input_no_upstream_could_read_is_400_and_reaches_no_upstream(
     proxy.settled()
 
 
+@pytest.mark.parametrize("path", [CHAT_PATH, "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"])
+def test_a_model_name_with_a_lone_surrogate_is_refused_alike_on_every_route(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], path: str
+) -> None:
+    """count_tokens said "`model` is required and must be a string" of a model it had been given."""
+    up = upstreams()
+    proxy = launch(
+        provider("loc", "local", up.url, "loc-1", extra='apis = ["chat", "messages", "responses"]')
+    )
+    response = proxy.http.post(path, content=b'{"model": "loc/\\udc00", "messages": []}', headers=JSON)
+    assert response.status_code == 400, response.text
+    assert "lone surrogate" in response.text, response.text
+    assert up.calls() == []
+
+
 @pytest.mark.parametrize("path", [CHAT_PATH, "/v1/messages", "/v1/responses", "/v1/embeddings"])
 def test_a_number_past_a_doubles_range_is_refused_in_words_on_every_route(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], path: str
