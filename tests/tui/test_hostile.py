@@ -314,3 +314,17 @@ def test_a_full_table_is_said_in_red() -> None:
     assert lockout_notice(LockoutTableStatus(12, 10_000, 3, 100, 0, 0)) is None
     text, style = lockout_notice(LockoutTableStatus(10_000, 10_000, 0, 100, 0, 7)) or ("", "")
     assert text == "table full (10,000 of 10,000) · 7 new locks not recorded" and style == "bad"
+
+
+@pytest.mark.parametrize("width", [40, 50, 60])
+async def test_a_narrow_key_bar_ends_with_the_palette_hint_and_nothing_after_it(width: int) -> None:
+    """Found by an operator's trial at 40x12: when the key bar is too narrow for its keys, a letter
+    of a key it could not fit is drawn after the palette hint, in the last column: `^p palettel`
+    on Requests, `^p palettei` on Settings, `^p paletteq` on Events, `^p paletteP` on Connections."""
+    app = make_app(build_runtime(), clock_frozen=True)
+    async with app.run_test(size=(width, 24)) as pilot:
+        for tab in ("1", "2", "3", "4", "5", "6", "7"):
+            await pilot.press(tab)
+            await settle(pilot)
+            bar = screen_lines(app)[-1]
+            assert bar.rstrip().endswith("^p palette"), f"{width} cells, tab {tab}: {bar!r}"
