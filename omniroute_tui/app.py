@@ -401,6 +401,7 @@ class OmniRouteApp(App[int]):
     def _failures_toggled(self, message: RequestsTable.FailuresToggled) -> None:
         self.feed.failures_only = not self.feed.failures_only
         self.feed.request()
+        self.refresh_bindings()  # `f` says what it does now
 
     @on(ResourceTable.Scrolled)
     def _scrolled(self, message: ResourceTable.Scrolled) -> None:

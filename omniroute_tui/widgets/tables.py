@@ -508,15 +508,26 @@ class RequestsTable(ResourceTable):
             "f",
             "failures",
             "Failures",
-            tooltip="Show only failed requests, or every request again",
+            tooltip="Show only failed requests",
             id="requests-failures",
         ),
+        # One key: the key bar says what it does now (as `p` Pause / Resume).
+        Binding("f", "all_requests", "All requests", tooltip="Show every request again", id="requests-all"),
     ]
 
     class FailuresToggled(Message):
         """The operator asked to show only failures, or everything again (`f`)."""
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("failures", "all_requests"):
+            only = bool(getattr(getattr(self.app, "feed", None), "failures_only", False))
+            return only == (action == "all_requests")
+        return super().check_action(action, parameters)
+
     def action_failures(self) -> None:
+        self.post_message(self.FailuresToggled())
+
+    def action_all_requests(self) -> None:
         self.post_message(self.FailuresToggled())
 
 

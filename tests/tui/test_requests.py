@@ -25,13 +25,18 @@ async def test_alive_on_top_then_newest_first_and_f_keeps_the_failures() -> None
         rows = shown(app).rows
         assert [r.cells[5] for r in rows] == ["streaming", "waiting", "401 invalid_api_key", "200", "200"]
         assert [r.key[:4] for r in rows] == ["0005", "0004", "0003", "0002", "0001"]
+        offered = lambda: {b.binding.description for b in app.screen.active_bindings.values() if b.enabled}  # noqa: E731
+        assert "Failures" in offered() and "All requests" not in offered()
         await pilot.press("f")
         await settle(pilot)
         assert [r.key[:4] for r in shown(app).rows] == ["0003"]
         assert shown(app).notice is not None
+        # the key bar says what `f` does now (found by an operator's trial: `f Failures` while on)
+        assert "All requests" in offered() and "Failures" not in offered()
         await pilot.press("f")
         await settle(pilot)
         assert len(shown(app).rows) == 5
+        assert "Failures" in offered()
 
 
 async def test_the_detail_pane_tells_the_trail_in_words() -> None:
