@@ -187,10 +187,19 @@ class ResourceTable(ScrollView, can_focus=True):
             if cached is None or cached[0] is not row:
                 cached = measured[row.key] = (row, tuple(cell_len(text) for text in row.cells))
             found = [max(a, b) for a, b in zip(found, cached[1], strict=False)]
-        return [
+        widths = [
             (max(column.width, n) if column.width is not None else min(n, column.cap)) + 2 * PADDING
             for column, n in zip(self._columns, found, strict=True)
         ]
+        # The last column ends at the window's edge when it would run past it: its cells end in
+        # `…` there, rather than be cut mid-word by the edge (a long event reason). Never narrower
+        # than its label: what the window cannot hold at all is scrolled to, as before.
+        last = len(widths) - 1
+        if self._columns[last].width is None:
+            room = self.size.width - sum(widths[:last])
+            least = cell_len(self._columns[last].label) + (2 if sorted_by == last else 0) + 2 * PADDING
+            widths[last] = min(widths[last], max(room, least))
+        return widths
 
     def _repaint(self, lines: list[int]) -> None:
         """Mark `lines` (ascending, 0 is the header) dirty, as few regions as there are runs."""
@@ -210,6 +219,13 @@ class ResourceTable(ScrollView, can_focus=True):
         self._announce_window()
 
     def on_resize(self) -> None:
+        if self.snapshot is not None:  # the last column's room is the window's
+            widths = self._fit(self.rows, self.snapshot.view.sort)
+            if widths != self._widths:
+                self._widths = widths
+                self._layout += 1
+                self.virtual_size = Size(sum(widths), len(self.rows) + 1)
+                self.refresh()
         self._announce_window()
 
     def _announce_window(self) -> None:

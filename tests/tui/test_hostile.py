@@ -328,3 +328,19 @@ async def test_a_narrow_key_bar_ends_with_the_palette_hint_and_nothing_after_it(
             await settle(pilot)
             bar = screen_lines(app)[-1]
             assert bar.rstrip().endswith("^p palette"), f"{width} cells, tab {tab}: {bar!r}"
+
+
+@pytest.mark.parametrize("width", [120, 110])
+async def test_the_last_column_ends_at_the_windows_edge_with_an_ellipsis(width: int) -> None:
+    """Found by an operator's trial at 120 columns: an event's Reason ran past the window and was
+    cut mid-word by its edge (`cooldown 4000ms (le`), with nothing to say more was there. The last
+    column now ends at the edge, its long cells with `…`; a resize refits it."""
+    app = make_app(build_runtime(), clock_frozen=True)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("6")
+        await settle(pilot)
+        await pilot.resize_terminal(width, 40)
+        await settle(pilot)
+        await settle(pilot)
+        [line] = [line for line in screen_lines(app) if "groq-1" in line and "expired" in line]
+        assert "expired: 401" in line and line.rstrip(" │▐▌█▊▎▍▏▋▉").endswith("…"), line
