@@ -980,6 +980,11 @@ class Pipeline:
         ended: StreamError | None = None  # an error event after content, in the same chunk
         content = False
         connection_id = scope.attempt.connection.spec.id
+        # Judged from the first byte on, as a chat stream is, the held-back preamble too: pings
+        # and nothing else would otherwise hold the request for as long as they come.
+        watch = engine.settings.watchdog()
+        watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
+        stalled = False
         try:
             while not content and failed is None and held <= GATE_LIMIT_BYTES:
                 chunk = await anext(chunks, b"")
@@ -987,8 +992,11 @@ class Pipeline:
                     break
                 head.append(chunk)
                 held += len(chunk)
+                now = engine.clock.now() if watchdog is not None else 0.0
                 for event in parser.feed(chunk):
                     data = event.json_object()
+                    if watchdog is not None:
+                        watchdog.observe(data, now)
                     kind = event_kind(api, event.event, data)
                     if kind == EventKind.ERROR:
                         if content:
@@ -1000,8 +1008,15 @@ class Pipeline:
                         content = True
                     else:
                         wire.seen(connection_id, data)
+                if watchdog is not None and not content and failed is None and watchdog.should_abort(now):
+                    stalled = True
+                    break
         except UpstreamFailure as failure:
             self._failed(scope, failure.outcome, progress, headers)
+            return None
+        if stalled:  # nothing went to the client yet: a failed attempt, which may fall back
+            outcome = Outcome.stall("stream throughput below the watchdog minimum before any content")
+            self._failed(scope, outcome, progress, headers)
             return None
         if failed is not None:
             return self._upstream_error(
@@ -1022,8 +1037,6 @@ class Pipeline:
         if wire.ids:
             # The preamble naming the response id goes out next: the fleet knows its owner first.
             await _shared_settled(engine, None, wire)
-        watch = engine.settings.watchdog()
-        watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
         attempt = scope.attempt
         probe = attempt.probe
         first = b"".join(head)
@@ -1040,8 +1053,7 @@ class Pipeline:
                 if ended is not None:
                     outcome = _stream_failure(ended, engine.scrubber)
                     return
-                if watchdog is not None:
-                    _observe(SSEParser(), watchdog, first, engine.clock.now())
+                # (The watchdog saw the held-back events as they came.)
                 # Without the watchdog nothing needs every event: the spotter finds an error
                 # event by its bytes and parses only from there (the relay keeps chat's pace).
                 spotter = ErrorSpotter(api, first) if watchdog is None else None
