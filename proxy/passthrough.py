@@ -33,15 +33,22 @@ async def count_tokens(runtime: Runtime, request: Request) -> Response:
     return response
 
 
-async def _count_tokens(runtime: Runtime, request: Request) -> Response:
+async def _body(runtime: Runtime, request: Request) -> bytes | Response:
+    """The request's body, or the answer to a body that cannot be read."""
     try:
-        raw = await _read_body(request.scope, request.receive, runtime.upstream.deadlines())
+        return await _read_body(request.scope, request.receive, runtime.upstream.deadlines())
     except BodyTooLarge:
         return error_response(413, "request body exceeds 32 MiB", "request_too_large")
     except BodyStalled:
         return body_stalled()
     except ClientDisconnect:
         return error_response(499, "the client went away before its body arrived", "client_disconnected")
+
+
+async def _count_tokens(runtime: Runtime, request: Request) -> Response:
+    raw = await _body(runtime, request)
+    if isinstance(raw, Response):
+        return raw
     try:
         body = untrusted.loads(raw)
     except untrusted.Unsendable as exc:
@@ -134,16 +141,10 @@ async def response_follow_up(runtime: Runtime, request: Request) -> Response:
         path += f"?{request.url.query}"
     # Read whatever body came (a GET's is empty) before the call: only then is the next message
     # the server has for this request the client's leaving, which `while_connected` watches for.
-    try:
-        data = await _read_body(request.scope, request.receive, runtime.upstream.deadlines()) or None
-    except BodyTooLarge:
-        return error_response(413, "request body exceeds 32 MiB", "request_too_large")
-    except BodyStalled:
-        return body_stalled()
-    except ClientDisconnect:
-        return error_response(499, "the client went away before its body arrived", "client_disconnected")
-    if request.method != "POST":
-        data = None
+    raw = await _body(runtime, request)
+    if isinstance(raw, Response):
+        return raw
+    data = raw or None if request.method == "POST" else None
     return await runtime.pipeline.while_connected(
         request.receive, _send_once(runtime, request, owner, request.method, path, data, "responses")
     )
