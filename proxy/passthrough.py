@@ -144,7 +144,7 @@ async def response_follow_up(runtime: Runtime, request: Request) -> Response:
     raw = await _body(runtime, request)
     if isinstance(raw, Response):
         return raw
-    data = raw or None if request.method == "POST" else None
+    data = (raw or None) if request.method == "POST" else None
     return await runtime.pipeline.while_connected(
         request.receive, _send_once(runtime, request, owner, request.method, path, data, "responses")
     )

@@ -513,13 +513,9 @@ class Pipeline:
         if session is not None and engine.shared is not None and engine.settings.session_ttl_ms() > 0:
             # A fleet: the session may have moved to another replica since this one pinned it.
             await engine.shared.refresh_pin(session)
+        prefer = wire.follows if wire is not None else None
         while True:
-            decision = engine.select(
-                targets,
-                tried=progress.tried,
-                session=session,
-                prefer=wire.follows if wire is not None else None,
-            )
+            decision = engine.select(targets, tried=progress.tried, session=session, prefer=prefer)
             if isinstance(decision, NoTarget):
                 if record is not None and trail is not None:
                     trail.nothing_eligible(record, decision)
@@ -1631,7 +1627,8 @@ class _RelayResponse(StreamingResponse):
 async def _while_connected(
     receive: Receive, work: Coroutine[Any, Any, Response], stopping: Callable[[], bool] = lambda: False
 ) -> Response:
-    """`Pipeline.while_connected`; `stopping`: whether the server has begun to stop."""
+    """`Pipeline.while_connected`; `stopping`: whether the server has begun to stop. (`handle` does
+    the same inline: a coroutine of its own on every request costs the hot path.)"""
     watch = _ClientWatch(receive)
     try:
         return await work

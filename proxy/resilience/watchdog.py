@@ -73,10 +73,12 @@ class Activity(Enum):
 
 
 _RESPONSES_TEXT = "response.output_text.delta"
-_RESPONSES_SUSPEND = (  # prefixes: a tool call's input (of every kind of tool), a tool the upstream
-    # runs itself (searching, interpreting, generating: no text meanwhile), reasoning
+# Prefixes of the Responses events that suspend: a tool call's input (every kind of tool: a
+# freeform tool's is how Codex's `apply_patch` writes a patch), a tool the upstream runs itself
+# (searching, interpreting, generating: no text meanwhile), reasoning.
+_RESPONSES_SUSPEND = (
     "response.function_call_arguments",
-    "response.custom_tool_call_input",  # a freeform tool's input: Codex's `apply_patch` writes a patch so
+    "response.custom_tool_call_input",
     "response.mcp_call",
     "response.code_interpreter_call",
     "response.web_search_call",
