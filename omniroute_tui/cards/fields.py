@@ -347,7 +347,9 @@ class CodeListField(SettingField):
         & > .row > .name { width: 26; }
         & > .row > .hint { width: 1fr; color: $text-muted; }
         & > .editor { height: auto; padding: 0 0 0 26; }
-        & OptionList { width: 12; height: auto; max-height: 8; }
+        /* An empty list keeps one blank line: with none, Textual counted it a row taller than it
+           drew it, and the card ended a row early, over its Save and Reset buttons. */
+        & OptionList { width: 12; height: auto; min-height: 3; max-height: 8; }
         & .buttons { width: 1fr; height: auto; padding: 0 0 0 1; }
         & .buttons Input { width: 12; }
         & .buttons Button { margin: 0 1 0 0; min-width: 8; }

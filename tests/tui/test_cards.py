@@ -617,6 +617,27 @@ async def test_an_emptied_code_list_saves_as_the_defaults(instance: Instance) ->
         assert codes.value == [403, 404, 429, 502, 503, 504]
 
 
+async def test_an_emptied_code_list_keeps_the_cards_buttons_inside_its_border(instance: Instance) -> None:
+    # After an add, a save and every code deleted one by one, the empty list was counted a row
+    # taller than it was drawn: the card ended a row early, its Save and Reset buttons under its
+    # bottom border.
+    async with running(instance) as (pilot, pane, _):
+        card = pane.card("model-lockout")
+        codes = field_at(pane, "modelLockout.errorCodes")
+        assert isinstance(codes, CodeListField)
+        codes.code_input.focus()
+        await pilot.press("4", "1", "8", "enter")
+        await save(pilot)
+        codes.codes_list.focus()
+        for _ in codes.value:
+            await pilot.press("delete")
+            await pilot.pause()
+        assert codes.value == [] and codes.message == "no codes: saving uses the defaults"
+        inside = card.region.shrink(card.styles.gutter)
+        for button in card.query(".actions Button"):
+            assert inside.contains_region(button.region), (button.label, button.region, inside)
+
+
 async def test_the_code_list_holds_at_most_twenty_codes(instance: Instance) -> None:
     async with running(instance, size=(80, 40)) as (_, pane, _):
         codes = field_at(pane, "modelLockout.errorCodes")
