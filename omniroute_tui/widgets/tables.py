@@ -147,16 +147,13 @@ class ResourceTable(ScrollView, can_focus=True):
         previous, cursor, scroll = self.rows, self.cursor, self.scroll_offset
         self.rows = rows
         self._index = {row.key: i for i, row in enumerate(self.rows)}
-        widths = self._fit(rows, snapshot.view.sort)
-        relaid = widths != self._widths or old is None or old.view != snapshot.view
-        if relaid:
-            self._widths = widths
-            self._layout += 1
+        relaid = self._relay(
+            self._fit(rows, snapshot.view.sort), force=old is None or old.view != snapshot.view
+        )
         for key in self._lines.keys() - self._index.keys():
             del self._lines[key]
         for key in self._measured.keys() - self._index.keys():
             del self._measured[key]
-        self.virtual_size = Size(sum(widths), len(self.rows) + 1)
         if self.FOLLOWS_TOP and cursor == 0:
             self.cursor = 0
         elif before is not None and before.key in self._index:
@@ -219,14 +216,20 @@ class ResourceTable(ScrollView, can_focus=True):
         self._announce_window()
 
     def on_resize(self) -> None:
-        if self.snapshot is not None:  # the last column's room is the window's
-            widths = self._fit(self.rows, self.snapshot.view.sort)
-            if widths != self._widths:
-                self._widths = widths
-                self._layout += 1
-                self.virtual_size = Size(sum(widths), len(self.rows) + 1)
-                self.refresh()
+        # The last column's room is the window's.
+        if self.snapshot is not None and self._relay(self._fit(self.rows, self.snapshot.view.sort)):
+            self.refresh()
         self._announce_window()
+
+    def _relay(self, widths: list[int], *, force: bool = False) -> bool:
+        """Take these column widths (and the rows' count) as the table's size; True if the columns
+        changed, or `force`: every cached line is stale then."""
+        relaid = force or widths != self._widths
+        if relaid:
+            self._widths = widths
+            self._layout += 1
+        self.virtual_size = Size(sum(widths), len(self.rows) + 1)
+        return relaid
 
     def _announce_window(self) -> None:
         top = int(self.scroll_y)
