@@ -174,8 +174,9 @@ class ResourceTable(ScrollView, can_focus=True):
 
     def _fit(self, rows: list[Row], sorted_by: int) -> list[int]:
         """Column widths for these rows: each as wide as its widest cell among the rows held, at
-        least its label (with the sort arrow on the sorted column), at most its cap. Recomputed
-        from the rows, never only grown: a long name filtered out gives its room back."""
+        least its label (with the sort arrow on the sorted column), at most its cap unless the
+        window has room to spare. Recomputed from the rows, never only grown: a long name
+        filtered out gives its room back."""
         measured = self._measured
         found = [cell_len(c.label) for c in self._columns]
         found[sorted_by] += 2  # " ▲"
@@ -188,6 +189,16 @@ class ResourceTable(ScrollView, can_focus=True):
             (max(column.width, n) if column.width is not None else min(n, column.cap)) + 2 * PADDING
             for column, n in zip(self._columns, found, strict=True)
         ]
+        # A cap keeps one long value from pushing the other columns off a narrow window; where the
+        # window has room to spare, the capped columns take it, up to their widest cell, in order.
+        spare = self.size.width - sum(widths)
+        for i, (column, n) in enumerate(zip(self._columns, found, strict=True)):
+            if spare <= 0:
+                break
+            if column.width is None and n > column.cap:
+                grown = min(spare, n - column.cap)
+                widths[i] += grown
+                spare -= grown
         # The last column ends at the window's edge when it would run past it: its cells end in
         # `…` there, rather than be cut mid-word by the edge (a long event reason). Never narrower
         # than its label: what the window cannot hold at all is scrolled to, as before.

@@ -39,6 +39,20 @@ async def test_alive_on_top_then_newest_first_and_f_keeps_the_failures() -> None
         assert "Failures" in offered()
 
 
+async def test_a_capped_column_takes_the_room_a_wide_window_has_to_spare() -> None:
+    # The status cap (18) cut "401 invalid_api_key" to "401 invalid_api_k…" even at 120 columns,
+    # with a fifth of the window empty to its right (found by an operator's trial). At 80 columns
+    # there is no room to spare: the snapshots hold the cap there.
+    app = snapshot_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await settle(pilot)
+        table = app.table("requests")
+        header = "".join(s.text for s in table.render_line(0))
+        failed = "".join(s.text for s in table.render_line(3))
+        assert failed[header.index("Status") :].split("  ")[0] == "401 invalid_api_key"
+
+
 async def test_the_detail_pane_tells_the_trail_in_words() -> None:
     app = snapshot_app()
     async with app.run_test(size=SIZE) as pilot:
