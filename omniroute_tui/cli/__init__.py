@@ -3,13 +3,13 @@
 Imports stay inside commands: a read command must not pay for Textual or Starlette.
 
 Layout: `instance` (serve, tui), `views` (status and the four tables), `traffic` (requests,
-stats), `actions` (reset, reenable,
-enable, disable), `settings` and `config` groups; `client` talks to an instance, `output` prints,
+stats), `actions` (reset, reenable, enable, disable), `settings` and `config` groups; `client` talks to an instance, `output` prints,
 `exit_codes` maps failures, and `edge` turns every failure into one line and an exit code.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import typer
@@ -57,6 +57,22 @@ app.add_typer(actions.app)
 app.add_typer(actions.reset_app, name="reset", rich_help_panel=actions.PANEL)
 app.add_typer(settings.app, name="settings", rich_help_panel="Settings and config")
 app.add_typer(config.app, name="config", rich_help_panel="Settings and config")
+
+
+def _one_line_summaries(*typers: typer.Typer) -> None:
+    """A group's list of commands shows each command's first paragraph of help, and in Rich markup
+    mode Typer keeps that paragraph's line breaks there: `omniroute --help` broke `tui`'s summary
+    mid-sentence. Each command gets its first paragraph, on one line, as its summary."""
+    for sub in typers:
+        for command in sub.registered_commands:
+            if command.short_help is None:
+                doc = command.help or inspect.getdoc(command.callback) or ""
+                command.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+
+
+_one_line_summaries(
+    instance.app, views.app, traffic.app, actions.app, actions.reset_app, settings.app, config.app
+)
 
 
 def main() -> None:

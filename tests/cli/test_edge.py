@@ -313,6 +313,17 @@ def test_help_text_has_no_swallowed_markup_or_double_space(command: list[str]) -
         assert "the config's [server] host and port" in text
 
 
+@pytest.mark.parametrize(
+    "group", [[], ["reset"], ["settings"], ["config"]], ids=lambda g: " ".join(g) or "root"
+)
+def test_each_command_of_a_group_is_summed_up_on_one_line(group: list[str]) -> None:
+    """Typer's Rich mode kept a docstring's line breaks in the list of commands: at any width,
+    `tui`'s summary broke after "or with --url"."""
+    text = run(*group, "--help", env={"COLUMNS": "300"}).stdout
+    assert "│ " in text
+    assert [line for line in text.splitlines() if re.match(r"│ {6,}\S", line)] == []
+
+
 def echoing_app(kind: str) -> Starlette:
     """A server that quotes the Authorization header it was sent, in one `kind` of answer to every
     request: an error page (as debug pages do), a rejected field, a 403's reason, a 200's JSON
