@@ -23,6 +23,7 @@ from proxy.readmodel import DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
 from proxy.runtime import Runtime
+from proxy.settings import SettingsContended
 from proxy.store import StoreError
 from proxy.stream import KINDS as STREAM_KINDS
 
@@ -287,6 +288,10 @@ def management_routes(runtime: Runtime) -> list[Route]:
                 return json_response(await runtime.patch_settings(body, group))
             except SettingsError as exc:
                 raise _invalid(exc.fields) from None
+            except SettingsContended as exc:
+                return error_response(
+                    409, f"settings not saved, nothing changed: {exc}; send it again", "settings_conflict"
+                )
             except StoreError as exc:
                 # Not a bug to hide behind "internal error": the operator must learn that the disk
                 # refused the change, and that the live settings are still the old ones.

@@ -451,6 +451,10 @@ def _settings_path(group: str, name: str, card: str) -> Schema:
             _json(whole, "the document after the change, already on disk"),
             errors={
                 **_BODY,
+                "409": _error(
+                    "the settings changed under this change on every try (a fleet's replicas out of"
+                    " step), so nothing changed; send it again (`settings_conflict`)"
+                ),
                 "500": _error("the change could not be saved, so nothing changed (`settings_not_saved`)"),
             },
             body=patch,

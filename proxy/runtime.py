@@ -30,6 +30,7 @@ from proxy.scrub import Scrubber
 from proxy.settings import (
     Settings,
     SettingsChange,
+    SettingsContended,
     StaleSettingsChange,
     apply_env_overrides,
     defaults,
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("omniroute")
 
 PERSIST_INTERVAL_S = 0.25
+SETTINGS_TRIES = 5
+"""How often a settings change is merged onto a newer document and written again before it gives
+up (`SettingsContended`): each try of a fleet's replica waits up to a second for that document."""
 
 
 class Runtime:
@@ -293,7 +297,7 @@ class Runtime:
         # the order memory does, and an answer is sent only for a change a restart would load.
         # (Two writes in flight at once could land in either order: the older document would win.)
         async with self._settings_lock:
-            while True:
+            for _ in range(SETTINGS_TRIES):
                 change = prepare()
                 try:
                     await asyncio.to_thread(self.store.save_settings, change.document)
@@ -306,6 +310,9 @@ class Runtime:
                     # write, or (a fleet) another replica's change went live first: merge onto it
                     # and write again, so neither change is lost.
                     continue
+            # Bounded: a fleet whose versions disagree for good must answer, not hold the lock
+            # (and every later change behind it) for ever.
+            raise SettingsContended(f"the settings changed under this change {SETTINGS_TRIES} times in a row")
 
     # ------------------------------------------------------------------ upstream model lists
 

@@ -78,6 +78,7 @@ __all__ = [
     "SessionAffinitySettings",
     "Settings",
     "SettingsChange",
+    "SettingsContended",
     "StaleSettingsChange",
     "apply_env_overrides",
     "defaults",
@@ -96,6 +97,11 @@ _P = TypeVar("_P", bound="DataclassInstance")
 
 class StaleSettingsChange(RuntimeError):
     """`Settings.commit` of a change prepared on a document version that is no longer live."""
+
+
+class SettingsContended(RuntimeError):
+    """A change that met a newer document on every try (proxy/runtime.py, SETTINGS_TRIES): not
+    saved, nothing changed. Sending it again is safe."""
 
 
 class _Version:

@@ -18,8 +18,8 @@ import pytest
 from proxy.config import load_config
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.events import Event
-from proxy.runtime import Runtime
-from proxy.settings import ORDER_RULES, SCHEMA, SECTIONS, FieldSpec
+from proxy.runtime import SETTINGS_TRIES, Runtime
+from proxy.settings import ORDER_RULES, SCHEMA, SECTIONS, FieldSpec, StaleSettingsChange
 from proxy.store import MemoryStore, StoreError
 from tests.fakes import FakeUpstream
 from tests.integration.conftest import Instance
@@ -121,6 +121,33 @@ def test_a_failed_write_changes_nothing_and_answers_500_with_the_reason(
     assert proxy.send("PATCH", "/api/resilience", {"sessionAffinity": {"ttlMs": 60000}}).status_code == 200
     proxy.restart()
     assert proxy.get("/api/resilience").json()["sessionAffinity"] == {"ttlMs": 60000}
+
+
+def test_a_change_that_meets_a_newer_document_on_every_try_answers_409_and_changes_nothing(
+    proxy: Instance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet replica whose settings version disagreed with Redis's for good (found by a trial:
+    Redis restarted empty) merged and wrote again for ever, holding the settings lock: that PATCH
+    and every later one never answered. The tries are bounded."""
+    runtime = proxy.runtime
+    assert runtime is not None
+    before = proxy.get("/api/resilience").json()
+    tries: list[object] = []
+
+    def always_stale(document: object) -> None:
+        tries.append(document)
+        raise StaleSettingsChange("another replica changed the settings meanwhile")
+
+    monkeypatch.setattr(runtime.store, "save_settings", always_stale)
+    response = proxy.send("PATCH", "/api/resilience", {"sessionAffinity": {"ttlMs": 60000}})
+
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "settings_conflict" and "nothing changed" in error["message"]
+    assert len(tries) == SETTINGS_TRIES
+    assert proxy.get("/api/resilience").json() == before
+    monkeypatch.undo()  # the lock was let go: the next change goes through
+    assert proxy.send("PATCH", "/api/resilience", {"sessionAffinity": {"ttlMs": 60000}}).status_code == 200
 
 
 def test_a_failed_reset_changes_nothing(proxy: Instance, monkeypatch: pytest.MonkeyPatch) -> None:
