@@ -32,7 +32,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
+import re
 import socket
 import threading
 import time
@@ -51,7 +53,7 @@ from proxy.config import Config
 from proxy.fleet.affinity import Affinity
 from proxy.fleet.fingerprint import config_items, differences, fingerprint
 from proxy.fleet.merge import MERGES, since_operator
-from proxy.fleet.scripts import RELEASE_PROBE, RENEW_PROBE, TRANSITION
+from proxy.fleet.scripts import RELEASE_PROBE, RENEW_PROBE, TAKE_PROBE, TRANSITION
 from proxy.resilience.breaker import Admission, CircuitBreaker
 from proxy.resilience.classify import BreakerEffect
 from proxy.resilience.clock import Clock, SystemClock
@@ -92,6 +94,9 @@ SETTINGS_CONFLICT_WAIT_S = 1.0
 STOP_TIMEOUT_S = 1.0
 _LAZY_REASONS = frozenset({"timeout_elapsed"})
 """Transitions every replica derives on its own (lazy recovery): published locally, never shipped."""
+
+_GLOB = re.compile(r"[\\*?\[\]]")
+"""What a Redis SCAN pattern reads as glob syntax (a backslash escapes it)."""
 
 _Slot = tuple[str, str]  # (kind, id): kind b (breaker), c (connection), l (lockout)
 
@@ -179,6 +184,9 @@ class FleetState:
         """What health, events and the console report: connected, and reconciled since it was lost."""
         self.since = self._clock.now()
         self.replicas: list[dict[str, Any]] = []
+        """The live replicas' heartbeats (`_replica_of`), this one's included, by id."""
+        self._bad_replicas: set[str] = set()
+        """`replica:*` keys that hold no heartbeat (said once in the log, while they stay)."""
         self.started_at = self._clock.now()
         self._engine_: Engine | None = None
         self._settings: Settings | None = None
@@ -202,6 +210,11 @@ class FleetState:
 
     def key(self, kind: str, ident: str) -> str:
         return f"{self.prefix}{kind}:{ident}"
+
+    def every(self, kind: str) -> str:
+        """The SCAN pattern of every key of `kind`: the prefix's own glob characters escaped, or a
+        `team[eu]:` fleet would find none of its keys, and a `*` in one, another fleet's."""
+        return _GLOB.sub(lambda glob: "\\" + glob[0], self.prefix) + f"{kind}:*"
 
     @property
     def feed_key(self) -> str:
@@ -231,7 +244,7 @@ class FleetState:
             self._feed_from = last[0][0] if last else "0-0"
             state = StoredState()
             for kind in ("b", "c", "l"):
-                for name in self._sync.scan_iter(match=f"{self.prefix}{kind}:*", count=500):
+                for name in self._sync.scan_iter(match=self.every(kind), count=500):
                     version, text = self._sync.hmget(name, "v", "r")
                     ident = name[len(self.prefix) + 2 :]
                     record = json.loads(text) if text else None
@@ -278,11 +291,14 @@ class FleetState:
         name = f"{self.prefix}fleet:config"
         mine = fingerprint(self._items)
         stored = self._sync.get(name)
-        alive = any(True for _ in self._sync.scan_iter(match=f"{self.prefix}replica:*", count=100))
+        alive = any(True for _ in self._sync.scan_iter(match=self.every("replica"), count=100))
         if stored is not None and alive:
             fleet = json.loads(stored)
+            items = fleet.get("items", {}) if isinstance(fleet, dict) else None
+            if not isinstance(items, dict):  # (a ValueError: `load` names the key)
+                raise ValueError("not a fleet's config document: an object with `fingerprint` and `items`")
             if fleet.get("fingerprint") != mine:
-                found = differences(self._items, fleet.get("items", {}))
+                found = differences(self._items, items)
                 raise FleetUnavailable(
                     "this replica's config differs from its fleet's (the replicas sharing "
                     f"{self._shown_url()} with key_prefix {self.prefix!r}): "
@@ -374,6 +390,11 @@ class FleetState:
             if ok:
                 self._settings_version = int(version)
                 return
+            if int(version) < expected:
+                # Behind what this replica saw (Redis restarted without the settings, or the key
+                # was deleted): no newer document is on its way; the caller's next try writes over it.
+                self._settings_version = int(version)
+                raise StaleSettingsChange("the fleet's settings went back to an older version")
         deadline = time.monotonic() + SETTINGS_CONFLICT_WAIT_S
         while self._settings_version < int(version) and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -515,8 +536,7 @@ class FleetState:
         lease = self.key("probe", provider)
         ttl = int(self._engine.probe_timeout_ms)
         try:
-            taken = await self._r.set(lease, owner, nx=True, px=ttl)
-            remaining = 0 if taken else await self._r.pttl(lease)
+            taken, remaining = await self._r.eval(TAKE_PROBE, 1, lease, owner, ttl)
         except RedisError as exc:
             self._lost(exc)
             return True
@@ -529,6 +549,8 @@ class FleetState:
                 self._enqueue(_Job("release", provider, owner=owner))
             raise
         if taken:
+            if taken == 2:
+                log.warning("fleet: %s held a probe lease that could never expire; taken over", lease)
             self._leases[provider] = owner
             return True
         now = self._clock.now()
@@ -663,7 +685,12 @@ class FleetState:
                     self._adopt(job.kind, job.ident, newest)
                 break
             # Another replica moved this record first: decide again on what it wrote.
-            newest = self._newest(slot, self._readable(slot, rest), int(current_version))
+            current = self._readable(slot, rest)
+            if current_version < version:
+                # Behind what this replica saw (the key was deleted, or Redis restarted without
+                # it): no later write can be on its way here, and what Redis holds is the record.
+                self._cache[slot] = (current, current_version)
+            newest = self._newest(slot, current, current_version)
             if operator_acted:
                 self._adopt(job.kind, job.ident, newest)  # another's operator action: at once (`_on_entry`)
         else:
@@ -697,8 +724,12 @@ class FleetState:
     def _heard_acted(self, slot: _Slot, acted: str) -> bool:
         """Note when an operator last changed a record, as a write's reply or the feed says; True
         when that is later than this replica had heard."""
-        if acted and float(acted) > self._acted.get(slot, -1.0):
-            self._acted[slot] = float(acted)
+        try:
+            when = float(acted) if acted else -1.0
+        except ValueError:  # another writer's
+            return False
+        if when > self._acted.get(slot, -1.0):
+            self._acted[slot] = when
             return True
         return False
 
@@ -888,6 +919,7 @@ class FleetState:
                     return
                 log.exception("fleet: the change feed failed; retrying")
                 await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_BACKOFF_S[1])
 
     async def _tail(self) -> None:
         assert self._feed is not None
@@ -984,8 +1016,14 @@ class FleetState:
         # Connected first: transitions from here on are written (and replayed on conflict) as
         # usual, while the reconcile below merges what changed while Redis was away.
         self.connected = True
-        merged = await self._reconcile()
-        merged += await self.affinity.reconcile()
+        try:
+            merged = await self._reconcile()
+            merged += await self.affinity.reconcile()
+        except BaseException:
+            # Not back yet: a reconcile cut short (Redis lost again, a stop) starts over on the
+            # next try, with what this replica changed while away still to merge.
+            self.connected = False
+            raise
         self.up = True
         self.since = self._clock.now()
         log.warning("fleet: the state backend is back; %d records reconciled", merged)
@@ -999,18 +1037,22 @@ class FleetState:
         engine = self._engine
         dirty, self._dirty = self._dirty, set()
         written = 0
-        for pid, runtime in engine.providers.items():
-            written += await self._reconcile_one("b", pid, _plain(runtime.breaker.to_record()), dirty)
-        for cid, conn in engine.connections.items():
-            written += await self._reconcile_one("c", cid, _plain(conn.health.to_record()), dirty)
-        idents = {event_key(*key) for key in engine.lockouts.keys()}  # noqa: SIM118 (a method, not a dict)
-        async for name in self._r.scan_iter(match=f"{self.prefix}l:*", count=500):
-            idents.add(name[len(self.prefix) + 2 :])
-        for ident in idents:
-            entry = engine.lockouts.get(*triple_of(ident))
-            local = None if entry is None else _plain(entry.to_record())
-            written += await self._reconcile_one("l", ident, local, dirty)
-        written += await self._reconcile_settings()
+        try:
+            for pid, runtime in engine.providers.items():
+                written += await self._reconcile_one("b", pid, _plain(runtime.breaker.to_record()), dirty)
+            for cid, conn in engine.connections.items():
+                written += await self._reconcile_one("c", cid, _plain(conn.health.to_record()), dirty)
+            idents = {event_key(*key) for key in engine.lockouts.keys()}  # noqa: SIM118 (a method, not a dict)
+            async for name in self._r.scan_iter(match=self.every("l"), count=500):
+                idents.add(name[len(self.prefix) + 2 :])
+            for ident in idents:
+                entry = engine.lockouts.get(*triple_of(ident))
+                local = None if entry is None else _plain(entry.to_record())
+                written += await self._reconcile_one("l", ident, local, dirty)
+            written += await self._reconcile_settings()
+        except BaseException:
+            self._dirty |= dirty  # merged again on the next try (a merge already written is a no-op)
+            raise
         return written
 
     async def _reconcile_one(
@@ -1021,16 +1063,29 @@ class FleetState:
         for _ in range(MAX_REPLAYS):
             version_text, text, acted = await self._r.hmget(self.key(kind, ident), ["v", "r", "a"])
             version = int(version_text or 0)
-            remote = json.loads(text) if text else None
+            remote = self._readable(slot, text)
             self._heard_acted(slot, acted or "")
-            if slot not in dirty and version > 0:
+            changed = slot in dirty
+            if version < self._cache.get(slot, (None, 0))[1]:
+                # Redis holds less than this replica saw of the record (it came back empty, or
+                # from an older snapshot, or the key was deleted): what this replica knows is
+                # written back, as if it had changed while away; and the version it saw is gone.
+                del self._cache[slot]
+                changed = True
+            if not changed and version > 0:
                 # Unchanged here while away: the fleet's record is the truth.
                 self._adopt(kind, ident, self._newest(slot, remote, version))
                 return 0
-            kept = since_operator(kind, local, remote, float(acted) if acted else None)
-            merged = MERGES[kind](kept, remote)
-            if kind == "l" and merged is not None and float(merged["expires_at"]) <= self._clock.now():
-                merged = remote if remote is not None else None
+            try:
+                kept = since_operator(kind, local, remote, float(acted) if acted else None)
+                merged = MERGES[kind](kept, remote)
+                if kind == "l" and merged is not None and float(merged["expires_at"]) <= self._clock.now():
+                    merged = remote
+            except (ValueError, TypeError, KeyError) as exc:
+                # Valid JSON of another shape (another writer's): read as no record, replaced below.
+                self._unreadable(slot, exc)
+                remote = None
+                merged = local
             if merged == remote:
                 self._adopt(kind, ident, self._newest(slot, remote, version))
                 return 0
@@ -1044,29 +1099,31 @@ class FleetState:
         assert self._r is not None and self._settings is not None
         version_text, text = await self._r.hmget(self.settings_key, ["v", "r"])
         remote_version = int(version_text or 0)
+        remote = None
+        if text:
+            try:
+                remote = json.loads(text)
+            except ValueError as exc:
+                log.warning("fleet: %s is unreadable (%s); replaced", self.settings_key, str(exc)[:200])
+            if not isinstance(remote, dict):
+                remote = None  # another writer's: replaced by the settings this replica runs on
         with self._settings_lock:
             dirty, local_version = self._settings_dirty, self._settings_version
-        if dirty and local_version > remote_version:
-            # The highest version wins: this replica's change made while away.
+        if local_version > remote_version or remote is None:
+            # The highest version wins: this replica's change made while away; or Redis holds
+            # less than this replica saw (it came back empty, or from an older snapshot): the
+            # settings this replica runs on are the fleet's again.
             document = json.dumps(self._settings.document(), separators=(",", ":"))
             ok, version = await self._write_settings(remote_version, document)
             if ok:
                 with self._settings_lock:
                     self._settings_version, self._settings_dirty = version, False
                 return 1
-            return 0
+            return 0  # another replica wrote first: its document comes on the feed
         with self._settings_lock:
             self._settings_dirty = False
-        if text and (remote_version > local_version or dirty):
-            self._adopt_settings(json.loads(text), remote_version)
-        elif not text:
-            # Redis came back empty: the settings this replica runs on are the fleet's again.
-            document = json.dumps(self._settings.document(), separators=(",", ":"))
-            ok, version = await self._write_settings(0, document)
-            if ok:
-                with self._settings_lock:
-                    self._settings_version = version
-                return 1
+        if remote_version > local_version or dirty:
+            self._adopt_settings(remote, remote_version)
         return 0
 
     async def _write_settings(self, expected: int, document: str) -> tuple[bool, int]:
@@ -1095,14 +1152,22 @@ class FleetState:
     # ------------------------------------------------------------------ replicas
 
     async def _heartbeat(self) -> None:
+        failing = False
         while not self._stopping:
             if self.connected and self._r is not None:
                 try:
                     await self._beat()
+                    failing = False
                 except (RedisError, OSError) as exc:
                     if self._stopping:
                         return  # a stop's cancellation, as the Redis client reports it
                     self._lost(exc)
+                except Exception:
+                    # Never the end of the heartbeat: without it this replica's key expires, and
+                    # the fleet loses sight of it (and, of all of them, lets any config join).
+                    if not failing:
+                        log.exception("fleet: a heartbeat failed; beating on")
+                    failing = True
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _beat(self) -> None:
@@ -1123,10 +1188,20 @@ class FleetState:
             windows = {"at": now, "windows": source(now)}
             text = json.dumps(windows, separators=(",", ":"))
             await self._r.set(self.key("stats", self.replica_id), text, px=REPLICA_TTL_MS)
-        names = [name async for name in self._r.scan_iter(match=f"{self.prefix}replica:*", count=100)]
+        names = [name async for name in self._r.scan_iter(match=self.every("replica"), count=100)]
         values = await self._r.mget(names) if names else []
-        replicas = [json.loads(v) for v in values if v]
-        replicas.sort(key=lambda r: str(r.get("id")))
+        replicas = []
+        bad = set()
+        for name, text in zip(names, values, strict=True):
+            replica = _replica_of(text) if text else None
+            if replica is not None:
+                replicas.append(replica)
+            elif text:
+                bad.add(name)
+        for name in sorted(bad - self._bad_replicas):
+            log.warning("fleet: %s is not a replica's heartbeat (another writer's?); left out", name)
+        self._bad_replicas = bad
+        replicas.sort(key=lambda r: r["id"])
         self.replicas = replicas
 
     async def peer_stats(self) -> PeerStats:
@@ -1139,7 +1214,7 @@ class FleetState:
         if not self.connected or self._r is None:
             return PeerStats({}, [], others)
         try:
-            names = [n async for n in self._r.scan_iter(match=f"{self.prefix}replica:*", count=100)]
+            names = [n async for n in self._r.scan_iter(match=self.every("replica"), count=100)]
             ids = sorted(n[len(self.prefix) + len("replica:") :] for n in names)
             ids = [i for i in ids if i != self.replica_id]
             values = await self._r.mget([self.key("stats", i) for i in ids]) if ids else []
@@ -1155,18 +1230,62 @@ class FleetState:
                 missing.append(ident)
                 continue
             try:
-                published = json.loads(text)
+                published = json.loads(text, parse_constant=_not_json)
                 at, windows = float(published["at"]), published["windows"]
             except (ValueError, TypeError, KeyError):
                 missing.append(ident)
                 continue
-            if now - at > STATS_STALE_MS:
+            if not (math.isfinite(at) and _windows_ok(windows)):
+                missing.append(ident)  # another writer's: not a replica's windows
+            elif now - at > STATS_STALE_MS:
                 stale.append(ident)
-            elif isinstance(windows, dict):
-                rows[ident] = windows
             else:
-                missing.append(ident)
+                rows[ident] = windows
         return PeerStats(rows, stale, missing)
+
+
+_HEARTBEAT: dict[str, type] = {
+    "id": str,
+    "address": str,
+    "startedAt": str,
+    "uptimeMs": int,
+    "inFlight": int,
+    "lastSeen": str,
+}
+"""A replica's heartbeat document (`_beat`): what the health document's `fleet.replicas` lists."""
+
+
+def _replica_of(text: str) -> dict[str, Any] | None:
+    """The heartbeat in a `replica:*` key, or None if it holds none (another writer's key): each
+    field of its type, nothing else. What health relays is then the documented shape, and JSON
+    (Python's parser takes `NaN` and `Infinity`, which no JSON client reads)."""
+    try:
+        found = json.loads(text, parse_constant=_not_json)
+    except ValueError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    replica: dict[str, Any] = {name: found.get(name) for name in _HEARTBEAT}
+    if any(type(replica[name]) is not kind for name, kind in _HEARTBEAT.items()):
+        return None
+    return replica if replica["uptimeMs"] >= 0 and replica["inFlight"] >= 0 else None
+
+
+def _windows_ok(windows: object) -> bool:
+    """Published statistics windows of the shape `TrafficStats.rows` writes: window -> connection ->
+    a row of finite, non-negative numbers (what another writer left is not summed)."""
+    return isinstance(windows, dict) and all(
+        isinstance(rows, dict)
+        and all(
+            isinstance(row, list) and all(type(x) in (int, float) and 0 <= x < math.inf for x in row)
+            for row in rows.values()
+        )
+        for rows in windows.values()
+    )
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _plain(record: Mapping[str, Any]) -> dict[str, Any]:

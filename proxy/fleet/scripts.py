@@ -11,12 +11,16 @@ TRANSITION = """
 --       key TTL in ms (0 = none), feed MAXLEN, [when an operator made this change; '': no operator]
 -- Besides the record ('r') at its version ('v'), the hash keeps when an operator last changed it
 -- ('a', the latest such time); every reply and feed entry carries it.
+-- A new version is the server's time in microseconds (or one more than the last, if that is
+-- later): versions then never go back, not even for a key deleted or a Redis restarted empty, so
+-- a replica that saw the old versions takes the new ones for newer.
 local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
 local acted = redis.call('HGET', KEYS[1], 'a') or ''
 if v ~= tonumber(ARGV[1]) then
   return {0, v, redis.call('HGET', KEYS[1], 'r') or '', acted}
 end
-v = v + 1
+local now = redis.call('TIME')
+v = string.format('%d', math.max(v + 1, tonumber(now[1]) * 1000000 + tonumber(now[2])))
 local by_operator = ARGV[9] or ''
 if by_operator ~= '' and (acted == '' or tonumber(by_operator) > tonumber(acted)) then
   acted = by_operator
@@ -34,7 +38,24 @@ local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*',
 return {1, v, id, acted}
 """
 """Apply a transition only if the record is still at the version the caller decided on. Either way
-the reply ends with when an operator last changed the record."""
+the reply ends with when an operator last changed the record. (The version travels as a decimal
+string: Lua's own number-to-text conversion keeps 14 digits of its 16.)"""
+
+TAKE_PROBE = """
+-- KEYS[1] the probe lease; ARGV: owner, lease in ms
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, 0}
+end
+local left = redis.call('PTTL', KEYS[1])
+if left == -1 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {2, 0}
+end
+return {0, left}
+"""
+"""Take the fleet's probe lease: {1, 0} taken; {2, 0} taken over a key that could never expire
+(another writer's SET without PX: no lease, or no replica would ever probe again); {0, ms} held
+by another replica for that long yet."""
 
 RELEASE_PROBE = """
 -- KEYS[1] the probe lease, KEYS[2] the change feed; ARGV: owner, provider, origin, feed MAXLEN

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.engine import Attempt, Target
+from proxy.fleet.scripts import TAKE_PROBE
 from proxy.resilience.outcome import Outcome
 from proxy.runtime import Runtime
 from tests.fleet.test_overtaken import caught_up, fleet, fleet_of
@@ -52,13 +53,13 @@ def test_a_probe_cancelled_while_redis_grants_its_lease_gives_back_the_slot_and_
     assert connection.in_flight == 1
     fleet_a = fleet_of(a)
     assert fleet_a._r is not None
-    granted = fleet_a._r.set
+    granted = fleet_a._r.eval
     lease = f"{prefix}probe:flaky"
     read: list[Any] = []
 
-    async def reply_still_on_its_way(key: str, *args: Any, **kwargs: Any) -> Any:
-        answer = await granted(key, *args, **kwargs)
-        if key != lease:  # (the replica's heartbeat)
+    async def reply_still_on_its_way(script: str, *args: Any, **kwargs: Any) -> Any:
+        answer = await granted(script, *args, **kwargs)
+        if script != TAKE_PROBE:  # (the replica's other scripts)
             return answer
         read.append(answer)  # Redis has granted the lease...
         await asyncio.Event().wait()  # ...and the client leaves before the reply is read
@@ -70,7 +71,7 @@ def test_a_probe_cancelled_while_redis_grants_its_lease_gives_back_the_slot_and_
         await released.wait()
         return await release(*args)
 
-    fleet_a._r.set = reply_still_on_its_way  # type: ignore[method-assign]
+    fleet_a._r.eval = reply_still_on_its_way  # type: ignore[method-assign]
     fleet_a._release = release_when_let  # type: ignore[method-assign]
     try:
         taking = loop.create_task(fleet_a.take_probe(probe))
@@ -78,11 +79,11 @@ def test_a_probe_cancelled_while_redis_grants_its_lease_gives_back_the_slot_and_
             if read:
                 break
             loop.run_until_complete(asyncio.sleep(0.001))
-        assert read == [True] and redis.get(lease) is not None
+        assert read == [[1, 0]] and redis.get(lease) is not None
         taking.cancel()
         with pytest.raises(asyncio.CancelledError):
             loop.run_until_complete(taking)
-        fleet_a._r.set = granted  # type: ignore[method-assign]
+        fleet_a._r.eval = granted  # type: ignore[method-assign]
         assert connection.in_flight == 0
         # Before the lease is given back, the next request finds this replica's slot free and the
         # fleet's lease taken (by the request that left): it is refused, as when another replica
@@ -94,7 +95,7 @@ def test_a_probe_cancelled_while_redis_grants_its_lease_gives_back_the_slot_and_
         released.set()
         loop.run_until_complete(caught_up([a], redis, prefix))
     finally:
-        fleet_a._r.set = granted  # type: ignore[method-assign]
+        fleet_a._r.eval = granted  # type: ignore[method-assign]
         fleet_a._release = release  # type: ignore[method-assign]
 
     assert redis.get(lease) is None

@@ -7,6 +7,7 @@ reconciles, and B, which never lost Redis, shows the merged state. One test per 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -208,3 +209,114 @@ def test_a_write_redis_refuses_once_does_not_keep_the_replica_out_of_the_fleet(
     redis_client.delete(key)  # the cause goes away
     wait_for(lambda: connected(a), 10, "A back in the fleet")
     assert [e["to"] for e in a.events("state")] == ["disconnected", "connected"]
+
+
+# -- Redis behind what the replicas saw (found by a trial of the fleet) -------------------------
+
+
+def test_after_redis_comes_back_empty_the_replicas_go_on_sharing_what_they_shared_before(
+    make_fleet: Callable[..., Fleet], own_redis: OwnRedis, upstream: tuple[FakeUpstream, str]
+) -> None:
+    """The reconcile wrote each record back at version 1, while each replica kept the higher
+    version it had seen: every later write conflicted and was given up (`gave up sharing ...
+    after 16 conflicts`), and the other replicas' entries were ignored, until a restart."""
+    fake, _ = upstream
+    fleet = make_fleet(2, backend=own_redis.url, provider_class="apikey")
+    a, b = fleet[0], fleet[1]
+    fleet.configure(NO_WAITING)
+    for _ in range(2):  # alpha-1's record moves a few versions: a 429 cools it, the operator clears it
+        fake.script(Reply("error", status=429, headers={"retry-after": "300"}))
+        assert a.chat().status_code == 200
+        wait_for(lambda: b.connection("alpha-1")["status"] == "cooling", 1, "the cooldown is shared")
+        assert a.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+        wait_for(lambda: b.connection("alpha-1")["status"] != "cooling", 1, "the reset is shared")
+
+    own_redis.stop()
+    wait_for(lambda: not connected(a) and not connected(b), 5, "both notice")
+    own_redis.start()  # no persistence: it comes back empty
+    wait_for(lambda: connected(a) and connected(b), 10, "both reconnect")
+
+    fake.script(Reply("error", status=429, headers={"retry-after": "300"}))
+    assert a.chat().status_code == 200  # served by alpha-2 after alpha-1's 429
+    assert a.connection("alpha-1")["status"] == "cooling"
+    wait_for(lambda: b.connection("alpha-1")["status"] == "cooling", 1, "A's cooldown reaches B")
+    assert b.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+    wait_for(lambda: a.connection("alpha-1")["status"] != "cooling", 1, "B's reset reaches A")
+    assert "gave up sharing" not in a.log.read_text() + b.log.read_text()
+
+
+def test_after_redis_comes_back_empty_a_settings_change_on_either_replica_is_live_on_the_other(
+    make_fleet: Callable[..., Fleet], own_redis: OwnRedis
+) -> None:
+    """The same for the settings, whose version the first replica to reconcile wrote back as 1:
+    a PATCH on it never reached the other, and one on the other never answered (it merged and
+    wrote again for ever, holding the settings lock)."""
+    fleet = make_fleet(2, backend=own_redis.url)
+    a, b = fleet[0], fleet[1]
+    for threshold in (11, 12, 13):
+        fleet.configure({"providerBreaker": {"local": {"failureThreshold": threshold}}})
+
+    own_redis.stop()
+    wait_for(lambda: not connected(a) and not connected(b), 5, "both notice")
+    own_redis.start()
+    wait_for(lambda: connected(a) and connected(b), 10, "both reconnect")
+
+    for source, target, threshold in ((a, b, 21), (b, a, 22)):
+        answer = source.patch(
+            "/api/resilience", {"providerBreaker": {"local": {"failureThreshold": threshold}}}
+        )
+        assert answer.status_code == 200, answer.text
+        wait_for(
+            lambda t=target, n=threshold: t.breaker()["failureThreshold"] == n,
+            1,
+            f"the change on {source.name} is live on {target.name}",
+        )
+
+
+def test_a_record_deleted_under_running_replicas_goes_on_being_shared(
+    make_fleet: Callable[..., Fleet], redis_client: Any, prefix: str, upstream: tuple[FakeUpstream, str]
+) -> None:
+    """docs/fleet.md tells the operator to delete a key no replica can read. The running replicas had
+    seen its versions: with versions counted from 1 again, a write of either conflicted for good,
+    and neither took the other's entries for newer."""
+    fake, _ = upstream
+    fleet = make_fleet(2, provider_class="apikey")
+    a, b = fleet[0], fleet[1]
+    fleet.configure(NO_WAITING)
+    fake.script(Reply("error", status=429, headers={"retry-after": "300"}))
+    assert a.chat().status_code == 200
+    wait_for(lambda: b.connection("alpha-1")["status"] == "cooling", 1, "the cooldown is shared")
+    assert a.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+    wait_for(lambda: b.connection("alpha-1")["status"] != "cooling", 1, "the reset is shared")
+
+    assert redis_client.delete(f"{prefix}c:alpha-1") == 1
+    fake.script(Reply("error", status=429, headers={"retry-after": "300"}))
+    assert a.chat().status_code == 200
+    wait_for(lambda: b.connection("alpha-1")["status"] == "cooling", 1, "A's cooldown reaches B")
+    assert b.client.post("/api/resilience/connections/alpha-1/reset").status_code == 200
+    wait_for(lambda: a.connection("alpha-1")["status"] != "cooling", 1, "B's reset reaches A")
+
+
+def test_a_reconcile_that_meets_a_broken_record_replaces_it_and_the_replica_is_back(
+    make_fleet: Callable[..., Fleet],
+    gates: Callable[[int], TcpGate],
+    redis_client: Any,
+    prefix: str,
+    upstream: tuple[FakeUpstream, str],
+) -> None:
+    """A reconcile that met a record another writer broke raised: the replica stayed `connected:
+    false` for ever (even once the key was deleted) and what it decided while away never reached
+    the fleet. A broken record reads as none, at the reconcile as at run time, and is replaced."""
+    fake, _ = upstream
+    _, a, b, gate = split_fleet(make_fleet, gates, provider_class="apikey")
+    cut_off(a, gate)
+    fake.script(Reply("error", status=429, headers={"retry-after": "300"}))
+    assert a.chat().status_code == 200  # A, cut off, cools alpha-1 on its own
+    broken = f"{prefix}c:alpha-1"
+    redis_client.hset(broken, mapping={"v": 3, "r": "{not json"})
+    heal(a, gate)
+    wait_for(
+        lambda: b.connection("alpha-1")["status"] == "cooling", 1, "A's cooldown from while away reaches B"
+    )
+    assert json.loads(redis_client.hget(broken, "r"))["rate_limited_until"] is not None
+    assert f"the shared record {broken} is unreadable" in a.log.read_text()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -407,3 +408,33 @@ def test_an_operator_on_one_replica_frees_the_requests_waiting_on_another(
     assert a.patch("/api/resilience", NO_WAITING).status_code == 200
     thread.join(5)
     assert [r.status_code for r in answers] == [429]
+
+
+@pytest.mark.parametrize("glob", ["[eu]", "*", "?"])
+def test_a_key_prefix_with_glob_characters_finds_its_fleets_keys_and_no_others(
+    tmp_path: Path, redis_client: Any, upstream: tuple[FakeUpstream, str], glob: str
+) -> None:
+    """The replicas found their keys with `SCAN MATCH <prefix>...*`, unescaped: with `team[eu]:`
+    a replica started later found none of its fleet's records (a connection it had marked expired
+    was active there) nor its replicas; with `*` or `?`, another fleet's too."""
+    fake, url = upstream
+    base = f"omniroute-test:{uuid.uuid4().hex[:10]}"
+    prefix = f"{base}{glob}:"
+    # Another fleet whose prefix the glob would match, with a connection of the same id expired.
+    neighbour = f"{base}{'e' if glob == '[eu]' else 'x'}:"
+    redis_client.hset(f"{neighbour}c:alpha-2", mapping={"v": 1, "r": json.dumps({"terminal": "expired"})})
+    fleet = Fleet(tmp_path, url, prefix, provider_class="apikey")
+    try:
+        a = fleet.add("a")
+        fleet.configure(NO_WAITING)
+        fake.script(Reply("error", status=401))
+        assert a.chat().status_code == 200  # alpha-1 expired, alpha-2 served
+        assert a.connection("alpha-1")["status"] == "expired"
+        b = fleet.add("b")
+        wait_for(lambda: len(b.health()["fleet"]["replicas"]) == 2, 3, "both replicas listed")
+        assert b.connection("alpha-1")["status"] == "expired"
+        assert b.connection("alpha-2")["status"] == "active"
+    finally:
+        fleet.stop()
+        for key in redis_client.scan_iter(match=f"{base}*", count=1000):
+            redis_client.delete(key)
