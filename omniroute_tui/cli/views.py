@@ -170,6 +170,22 @@ def lockouts(
 # Human renderings.
 
 
+def _state_line(
+    backend: dict[str, Any], fleet: object, now: float | None, said: Callable[[object], str]
+) -> str:
+    """Where the state lives: `sqlite`, or a fleet's Redis, connected or lost (docs/fleet.md)."""
+    kind = said(backend.get("kind"))
+    if kind != "redis":
+        return kind
+    fleet = fleet if isinstance(fleet, dict) else {}
+    replicas = fleet.get("replicas")
+    live = len(replicas) if isinstance(replicas, list) else 0
+    since = ago(backend.get("since"), now)
+    if backend.get("connected") is True:
+        return f"redis, connected {since}; replica {said(fleet.get('replica'))}, {live} live in the fleet"
+    return f"redis LOST {since}: serving on this replica's memory, reconciling when it is back"
+
+
 def _status_view(h: dict[str, Any], url: str) -> RenderableType:
     """Every word the instance sends is shown as visible text (`visible`): a lockout's model is a
     client's choice, and `--url` may point at anything."""
@@ -208,9 +224,12 @@ def _status_view(h: dict[str, Any], url: str) -> RenderableType:
             f" {said(r['inFlight'])} in flight",
         ),
     ]
+    now = epoch_ms(h.get("timestamp"))
+    backend = h.get("stateBackend")
+    if isinstance(backend, dict):
+        rows.append(("State", _state_line(backend, h.get("fleet"), now, said)))
     for name, text in rows:
         grid.add_row(name, Text(text))
-    now = epoch_ms(h.get("timestamp"))
     for breaker in h["providerBreakers"]:
         if breaker["state"] != "CLOSED":
             line = Text.assemble(

@@ -48,6 +48,7 @@ def test_status_human_summary(proxy: Instance) -> None:
     assert "1 active" in out  # lockouts
     assert "alpha OPEN  2 failures, retry in 15s" in out
     assert "alpha/m1 on alpha-2: not_found, 2m 00s left" in out
+    assert [line.split() for line in out.splitlines() if line.startswith("State")] == [["State", "sqlite"]]
 
 
 def test_status_exit_code_says_whether_the_instance_is_healthy(proxy: Instance) -> None:

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.cli.conftest import run
 from tests.fakes.upstream import FakeUpstream, Reply
-from tests.fleet.conftest import REDIS_URL, Fleet, OwnRedis, Replica, TcpGate, wait_for
+from tests.fleet.conftest import REDIS_URL, TOKEN, Fleet, OwnRedis, Replica, TcpGate, wait_for
 
 NO_WAITING = {"comboCooldownWait": {"enabled": False}}
 
@@ -58,7 +59,11 @@ def test_a_replica_that_loses_redis_keeps_serving_and_says_so_everywhere(
     assert health["kind"] == "redis" and health["connected"] is False and health["since"]
     lost = [e for e in a.events("state") if e["to"] == "disconnected"]
     assert len(lost) == 1 and lost[0]["key"] == "redis"
+    status = run("status", "--url", a.url, "--token", TOKEN)
+    assert "redis LOST" in status.stdout and "serving on this replica's memory" in status.stdout
     heal(a, gate)
+    status = run("status", "--url", a.url, "--token", TOKEN, env={"COLUMNS": "200"})
+    assert "redis, connected" in status.stdout and "replica replica-a, " in status.stdout
     assert [e["to"] for e in a.events("state")] == ["disconnected", "connected"]
     assert b.health()["stateBackend"]["connected"] is True
 
