@@ -291,7 +291,15 @@ class FleetState:
         name = f"{self.prefix}fleet:config"
         mine = fingerprint(self._items)
         stored = self._sync.get(name)
-        alive = any(True for _ in self._sync.scan_iter(match=self.every("replica"), count=100))
+        alive = False
+        for key in self._sync.scan_iter(match=self.every("replica"), count=100):
+            if self._sync.pttl(key) == -1:
+                # A heartbeat always expires: a key that never does is another writer's, and taken
+                # for a live replica it would hold the fleet to its old config for ever.
+                log.warning("fleet: %s never expires, so it is no replica's heartbeat; ignored", key)
+                continue
+            alive = True
+            break
         if stored is not None and alive:
             fleet = json.loads(stored)
             items = fleet.get("items", {}) if isinstance(fleet, dict) else None

@@ -173,3 +173,19 @@ def test_a_probe_lease_that_could_never_expire_is_taken_over(
     wait_for(lambda: a.breaker()["state"] == "HALF_OPEN", 3, "the reset timeout elapsed")
     wait_for(lambda: a.chat().status_code == 200, 3, "a probe is sent", step=0.1)
     assert f"{lease} held a probe lease that could never expire; taken over" in a.log.read_text()
+
+
+def test_a_replica_key_that_never_expires_does_not_hold_the_fleet_to_its_old_config(
+    shared: tuple[Any, str, Callable[[], Runtime]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fleet moves to a new config by stopping every replica, changing the file and starting them
+    again: a replica starts on it when no replica is alive. A `replica:*` key without a TTL (another
+    writer's: a heartbeat always expires) made the fleet look alive for ever, and every start was
+    refused for a config mismatch that named the items, never the key."""
+    redis, prefix, open_replica = shared
+    redis.set(f"{prefix}replica:ghost", json.dumps({"id": "ghost"}))  # no PX
+    redis.set(f"{prefix}fleet:config", json.dumps({"fingerprint": "the old config", "items": {}}))
+    runtime = open_replica()
+    runtime.store.close()
+    assert f"{prefix}replica:ghost never expires" in caplog.text
+    assert json.loads(redis.get(f"{prefix}fleet:config"))["fingerprint"] != "the old config"
