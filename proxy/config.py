@@ -194,6 +194,19 @@ class StateConfig:
     def shared(self) -> bool:
         return self.backend != "sqlite"
 
+    @property
+    def shown(self) -> str:
+        """The backend as it may be shown: a Redis URL without the password it may carry, with its
+        database (`/5`: replicas on another database of the same Redis are another fleet)."""
+        if not self.shared:
+            return self.backend
+        parts = urlsplit(self.backend)
+        if parts.hostname is None:  # a unix socket's path
+            return f"{parts.scheme}://{parts.path}"
+        port = f":{parts.port}" if parts.port else ""
+        database = parts.path if parts.path not in ("", "/") else ""
+        return f"{parts.scheme}://{parts.hostname}{port}{database}"
+
 
 @dataclass(frozen=True, slots=True)
 class Config:

@@ -171,6 +171,7 @@ def check(json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = 
             for pid, p in loaded.providers.items()
         },
         "combos": {name: list(c.targets) for name, c in loaded.combos.items()},
+        "state": {"backend": loaded.state.shown, "keyPrefix": loaded.state.key_prefix},
         "warnings": list(loaded.warnings),
     }
     source = (
@@ -178,9 +179,14 @@ def check(json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = 
     )
     connections = sum(len(p.connections) for p in loaded.providers.values())
     token = "set" if server.management_token else "not set"
+    state = loaded.state
+    # (Not reached from here: `serve` says at start whether Redis answers.)
+    where = (
+        f"{state.shown} under {state.key_prefix!r}, shared by a fleet" if state.shared else "the state file"
+    )
     text = (
         f"{source}: OK. {fmt.counted(len(loaded.providers), 'provider')}, "
         f"{fmt.counted(connections, 'connection')}, {fmt.counted(len(loaded.combos), 'combo')};"
-        f" listens on {server.host}:{server.port}; management token {token}."
+        f" listens on {server.host}:{server.port}; management token {token}; state in {where}."
     )
     emit(data, json_=json_, human=lambda: cell(text))

@@ -144,6 +144,8 @@ class FleetState:
 
     def __init__(self, config: Config, *, clock: Clock | None = None, replica_id: str | None = None) -> None:
         self.url = config.state.backend
+        self.shown_url = config.state.shown
+        """The URL as messages show it: never the password it may carry."""
         self.prefix = config.state.key_prefix
         server = config.server
         self.address = f"http://{server.host}:{server.port}"
@@ -232,7 +234,7 @@ class FleetState:
             self._sync.ping()
         except RedisError as exc:
             raise FleetUnavailable(
-                f"cannot reach the state backend {self._shown_url()}: {exc} "
+                f"cannot reach the state backend {self.shown_url}: {exc} "
                 '(start Redis there, or set [state] backend = "sqlite")'
             ) from None
         name = f"{self.prefix}fleet:config"
@@ -276,7 +278,7 @@ class FleetState:
         """A shared key this replica cannot read at start (another writer broke it), named with how
         to clear it: like a bad row in a state file, it stops the start rather than be guessed at."""
         return FleetUnavailable(
-            f"the state backend {self._shown_url()} holds a key this replica cannot read: {key} "
+            f"the state backend {self.shown_url} holds a key this replica cannot read: {key} "
             f"({reason[:200]}); delete that key (`redis-cli -u URL DEL {key}`) to start from the "
             "fleet's other records"
         )
@@ -309,7 +311,7 @@ class FleetState:
                 found = differences(self._items, items)
                 raise FleetUnavailable(
                     "this replica's config differs from its fleet's (the replicas sharing "
-                    f"{self._shown_url()} with key_prefix {self.prefix!r}): "
+                    f"{self.shown_url} with key_prefix {self.prefix!r}): "
                     + "; ".join(found or ["settings differ"])
                     + ". Give every replica the same providers, connections and combos."
                 )
@@ -344,18 +346,6 @@ class FleetState:
                     " replica its own OMNIROUTE_REPLICA_ID, or leave it unset (the default is"
                     " host-port-pid)"
                 )
-
-    def _shown_url(self) -> str:
-        # Never the password a URL may carry.
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(self.url)
-        if parts.hostname is None:  # a unix socket's path
-            return f"{parts.scheme}://{parts.path}"
-        port = f":{parts.port}" if parts.port else ""
-        # The database (`/5`) too: replicas on another one of the same Redis are another fleet.
-        database = parts.path if parts.path not in ("", "/") else ""
-        return f"{parts.scheme}://{parts.hostname}{port}{database}"
 
     def save_breakers(self, records: Mapping[str, Mapping[str, Any]]) -> None:
         pass  # transitions travel as operations (see the module docstring), not as snapshots

@@ -99,7 +99,8 @@ def test_check_valid_file(tmp_path: Path) -> None:
     result = run("config", "check", "--config", str(path))
     assert (result.code, result.stdout) == (
         0,
-        f"{path}: OK. 1 provider, 1 connection, 1 combo; listens on 127.0.0.1:20200; management token not set.\n",
+        f"{path}: OK. 1 provider, 1 connection, 1 combo; listens on 127.0.0.1:20200; management token not set;"
+        " state in the state file.\n",
     )
     data = run("config", "check", "--config", str(path), "--json").json()
     assert data["providers"] == {
@@ -107,6 +108,23 @@ def test_check_valid_file(tmp_path: Path) -> None:
     }
     assert data["combos"] == {"coding": ["ollama/qwen"]}
     assert data["server"] == {"host": "127.0.0.1", "port": 20200, "managementToken": False, "apiKeys": 0}
+    assert data["state"] == {"backend": "sqlite", "keyPrefix": "omniroute:"}
+
+
+def test_check_names_a_fleets_redis_without_its_password(tmp_path: Path) -> None:
+    """A fleet's pre-flight said nothing of the fleet (found by a trial): it now names the Redis and
+    the prefix the replicas will share, never the URL's password."""
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[state]\nbackend = "redis://:s3cret-pass@10.0.0.5:6380/2"\nkey_prefix = "team-eu:"\n\n'
+        '[providers.ollama]\n\n[[providers.ollama.connections]]\nid = "o-1"\n'
+    )
+    result = run("config", "check", "--config", str(path), env={"COLUMNS": "300"})
+    assert result.code == 0, result.stderr
+    assert "state in redis://10.0.0.5:6380/2 under 'team-eu:', shared by a fleet." in result.stdout
+    data = run("config", "check", "--config", str(path), "--json").json()
+    assert data["state"] == {"backend": "redis://10.0.0.5:6380/2", "keyPrefix": "team-eu:"}
+    assert "s3cret" not in result.stdout + json.dumps(data)
 
 
 def test_check_embedded_default_when_no_file() -> None:
