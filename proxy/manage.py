@@ -101,7 +101,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = untrusted.loads(raw)
+        # A repeated member is refused, as a repeated query parameter is (`_query`): read as its
+        # last copy, it would hide the first one's refused value, or drop a section of a PATCH.
+        body = untrusted.loads(raw, unique=True)
+    except untrusted.RepeatedKey as exc:
+        raise _invalid([FieldError("", f"{exc}; send it once")]) from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise _Rejected(400, f"malformed JSON body: {untrusted.echo(str(exc))}") from None
     if not isinstance(body, dict):

@@ -71,11 +71,38 @@ def _integer(text: str) -> int:
         raise Unsendable(f"an integer of {len(text):,} digits is too long to pass on") from None
 
 
-def loads(raw: bytes | str) -> Any:
+class RepeatedKey(ValueError):
+    """An object that names one member twice (`loads(..., unique=True)`): which one was meant is a
+    guess, and a parser's guess (the last) can hide the other, refused, one."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {echo(key)!r} is given twice in one object")
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKey(key)
+            seen.add(key)
+    return found
+
+
+def loads(raw: bytes | str, *, unique: bool = False) -> Any:
     """Parse JSON, refusing `NaN` and `Infinity`. ValueError (or RecursionError, for nesting deeper
     than the parser goes) when it is not JSON; UnicodeDecodeError is a ValueError; `Unsendable` (a
-    ValueError too) for a number that cannot be written back as it came."""
-    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite, parse_int=_integer)
+    ValueError too) for a number that cannot be written back as it came; with `unique`,
+    `RepeatedKey` (a ValueError too) for an object that repeats a member."""
+    return json.loads(
+        raw,
+        parse_constant=_no_constant,
+        parse_float=_finite,
+        parse_int=_integer,
+        object_pairs_hook=_unique if unique else None,
+    )
 
 
 NOT_JSON: Final = object()

@@ -826,6 +826,63 @@ def test_patch_settings_is_strict_and_atomic(
     assert ok_json(proxy.get("/api/resilience"))["providerBreaker"]["local"]["resetTimeoutMs"] == 15000
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(
+            "/api/resilience",
+            b'{"providerBreaker": {"local": {"resetTimeoutMs": 1111}},'
+            b' "providerBreaker": {"apikey": {"resetTimeoutMs": 2222}}}',
+            id="a-second-section-replaces-the-first",
+        ),
+        pytest.param(
+            "/api/resilience",
+            b'{"requestQueue": {"bogus": 1}, "requestQueue": {"maxWaitMs": 1234}}',
+            id="an-unknown-key-hidden",
+        ),
+        pytest.param(
+            "/api/resilience",
+            b'{"requestQueue": {"maxWaitMs": -5, "maxWaitMs": 1235}}',
+            id="out-of-range-hidden",
+        ),
+        pytest.param(
+            "/api/settings", b'{"modelLockout": {"enabled": "yes", "enabled": true}}', id="wrong-type-hidden"
+        ),
+    ],
+)
+def test_a_settings_patch_that_repeats_a_key_is_refused_whole(
+    proxy: Instance, path: str, body: bytes
+) -> None:
+    """A repeated member read as its last copy (found by a trial) dropped a section of the PATCH, or
+    hid an unknown key, an out-of-range value or a wrong type behind a good one, with a 200."""
+    before = ok_json(proxy.get(path))
+    error = rejected(proxy.send("PATCH", path, body), 400)
+    assert error["fields"][0]["field"] == "" and "is given twice in one object" in error["message"]
+    assert ok_json(proxy.get(path)) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        pytest.param(
+            "DELETE", "/api/resilience/model-cooldowns", b'{"all": false, "all": true}', id="reenable-all"
+        ),
+        pytest.param(
+            "POST", "/api/resilience/reset", b'{"provider": "nope", "provider": "alpha"}', id="reset"
+        ),
+        pytest.param("PUT", "/api/providers/alpha-1", b'{"isActive": "no", "isActive": false}', id="disable"),
+    ],
+)
+def test_an_action_whose_body_repeats_a_key_is_refused_and_does_nothing(
+    proxy: Instance, method: str, path: str, body: bytes
+) -> None:
+    """`{"all": true, "all": false}` was refused but `{"all": false, "all": true}` lifted every
+    lockout; a 404's provider named first let the second one's breaker be reset."""
+    start = proxy.last_seq
+    rejected(proxy.send(method, path, body), 400)
+    assert events_after(proxy, start) == []
+
+
 def test_changes_survive_a_restart(proxy: Instance) -> None:
     ok_json(proxy.send("PATCH", "/api/resilience", {"sessionAffinity": {"ttlMs": 60000}}))
     ok_json(proxy.send("PATCH", "/api/settings", {"modelLockout": {"baseCooldownMs": 30000}}))
