@@ -425,6 +425,8 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
         raise ConfigError(
             path, [Problem("values nested too deeply to read (invalid TOML for omniroute)")]
         ) from None
+    except ValueError as e:  # tomllib's int() of more digits than CPython converts (4,300)
+        raise ConfigError(path, [Problem(f"a value tomllib cannot read: {str(e)[:120]}")]) from None
     reader = _Reader(env)
     config = reader.config(doc, path)
     if reader.problems:
@@ -689,7 +691,10 @@ class _Reader:
         value = t.get(name, default)
         if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi:
             return value
-        got = value if isinstance(value, int) and not isinstance(value, bool) else _kind(value)
+        got = _kind(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            # (Thousands of digits cannot be written out: CPython refuses past 4,300 of them.)
+            got = str(value) if value.bit_length() <= 64 else "an integer far out of range"
         self.problem(_join(where, name), f"must be an integer between {lo:,} and {hi:,} (got {got})")
         return default
 

@@ -117,7 +117,7 @@ def rule_from_config(data: Mapping[str, object]) -> RestatementRule:
         or not 0 <= retry_after <= MAX_RETRY_AFTER_MS
     ):
         raise ValueError(
-            f"{where}: 'retry_after_ms' must be whole ms from 0 to {MAX_RETRY_AFTER_MS}, got {retry_after!r}"
+            f"{where}: 'retry_after_ms' must be whole ms from 0 to {MAX_RETRY_AFTER_MS}, got {_said(retry_after)}"
         )
     return RestatementRule(
         id=rule_id,
@@ -136,8 +136,16 @@ def _as_list(value: object) -> list[object]:
 
 def _status(where: str, key: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 100 <= value <= 599:
-        raise ValueError(f"{where}: {key!r} must hold HTTP statuses from 100 to 599, got {value!r}")
+        raise ValueError(f"{where}: {key!r} must hold HTTP statuses from 100 to 599, got {_said(value)}")
     return value
+
+
+def _said(value: object) -> str:
+    """A value quoted in a message; an integer of thousands of digits cannot be written out
+    (CPython refuses past 4,300 of them)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "an integer far out of range"
+    return repr(value)
 
 
 def _texts(where: str, key: str, value: object) -> tuple[str, ...]:

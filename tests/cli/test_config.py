@@ -217,3 +217,35 @@ def test_a_broken_config_stops_remote_commands_with_2(tmp_path: Path) -> None:
     assert result.code == 2
     assert result.stderr.startswith(f"omniroute: {path}: line 1:")
     assert result.stderr.endswith("fix it (`omniroute config check`) or pass --url\n")
+
+
+_HUGE = "0x" + "f" * 5000
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        pytest.param(f"[server]\nport = {'9' * 5000}\n", None, id="decimal"),
+        pytest.param(f"[server]\nport = {_HUGE}\n", "server.port", id="hexadecimal"),
+        pytest.param(
+            '[providers.p]\nclass = "local"\nbase_url = "http://127.0.0.1:9/v1"\n'
+            f'[[providers.p.restate]]\nid = "r"\nfrom = [{_HUGE}]\nto = 429\nmarkers = ["x"]\n'
+            '[[providers.p.connections]]\nid = "p-1"\n',
+            "providers.p.restate[0]",
+            id="a-status",
+        ),
+    ],
+)
+def test_an_integer_of_thousands_of_digits_is_a_config_problem_not_an_unexpected_error(
+    tmp_path: Path, text: str, key: str | None
+) -> None:
+    """CPython converts at most 4,300 digits between an integer and its text: tomllib's reading of
+    a longer one, or a message quoting a long hexadecimal one, raised a bare ValueError, exit 1,
+    `unexpected error`, with no file or key named (found by a trial)."""
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    result = run("config", "check", "--config", str(path))
+    assert result.code == 2, result.stderr
+    assert result.stderr.startswith(f"omniroute: {path}") and "unexpected error" not in result.stderr
+    if key is not None:
+        assert key in result.stderr and "an integer far out of range" in result.stderr
