@@ -307,6 +307,26 @@ def test_requests_before_any_upstream_leave_a_record_too(
     assert (rec["status"], rec["code"], rec["modelAsked"]) == (400, "invalid_json", None)
 
 
+def test_a_request_the_proxy_failed_on_is_a_failure_in_its_record_not_a_client_gone(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], monkeypatch: Any
+) -> None:
+    """A bug on the request path answered 500 internal_error, and the record said the client had
+    gone (`client_gone`, `cancelled`) although it was there for the answer (found by a trial, where
+    a base_url's user name and password made every request fail in the HTTP client)."""
+    up = upstreams("up")
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    assert proxy.runtime is not None
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(proxy.runtime.pipeline, "_route", broken)
+    response = ask(proxy, "loc/m1")
+    assert error_of(response, 500)["code"] == "internal_error"
+    rec = record(proxy, response.headers["x-request-id"])
+    assert (rec["state"], rec["status"], rec["code"]) == ("failed", 500, "internal_error")
+
+
 def test_the_ring_keeps_request_history_records_and_the_query_pages(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
