@@ -19,6 +19,7 @@ other key's check and message would move away from the key into metadata.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import difflib
 import hashlib
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import platformdirs
 
@@ -245,9 +246,24 @@ class Config:
             if _CREDENTIAL_HEADER.search(name)
         ]
         token = [server.management_token] if server.management_token else []
-        # A Redis URL may carry its password (redis://:pw@host): it is a secret like the others.
-        redis_password = urlsplit(self.state.backend).password if self.state.shared else None
-        return [*keys, *server.api_keys, *token, *([redis_password] if redis_password else [])]
+        # A Redis URL may carry its password (redis://:pw@host), and a base_url its user name and
+        # password, sent upstream as HTTP Basic: secrets like the others, as written, as sent.
+        urls = [p.base_url for p in self.providers.values()]
+        if self.state.shared:
+            urls.append(self.state.backend)
+        return [*keys, *server.api_keys, *token, *(secret for url in urls for secret in _url_secrets(url))]
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The password a URL carries: as written, decoded, and as the HTTP Basic credential it is sent as."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return []
+    password = unquote(parts.password)
+    basic = base64.b64encode(
+        f"{unquote(parts.username or '')}:{password}".encode("latin-1", "replace")
+    ).decode()
+    return list(dict.fromkeys(p for p in (parts.password, password, basic) if p))
 
 
 _CREDENTIAL_HEADER = re.compile(r"key|token|secret|auth|password|credential|cookie", re.IGNORECASE)
@@ -581,6 +597,11 @@ def _unscrubbable(config: Config) -> list[str]:
     ]
     if config.server.management_token and len(config.server.management_token) < MIN_SECRET_LENGTH:
         short.append("server.management_token")
+    short += [
+        f"providers.{p.id}.base_url's password"
+        for p in config.providers.values()
+        if any(len(secret) < MIN_SECRET_LENGTH for secret in _url_secrets(p.base_url))
+    ]
     return [
         f"{where}: shorter than {MIN_SECRET_LENGTH} characters, so it is not scrubbed from what is shown"
         " (an upstream that echoes it shows it); a dummy key for a local server may be ignored"
@@ -602,6 +623,26 @@ def _has_control(text: str) -> bool:
     """Control or format characters (ESC, newline, tab, bidi overrides, zero-width): a name holding
     one would rewrite the terminal it is shown on, or read as another name."""
     return not text.isprintable() and any(unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
+def shown_url(url: str) -> str:
+    """A URL as the program shows it: without the user name and password it may carry (a
+    base_url's are sent upstream as HTTP Basic credentials, a Redis URL's is its password)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _url_said(value: str) -> str:
+    """A refused URL quoted in a problem: without user name, password or query (a key may be in
+    any of them)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "a URL that cannot be read"
+    kept = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="")
+    return _shown(urlunsplit(kept) + ("?…" if parts.query or parts.fragment else ""))
 
 
 def _shown(value: str) -> str:
@@ -869,6 +910,19 @@ class _Reader:
 
         base_url = self.url(t, w) if "base_url" in t or not builtin_url else builtin_url
         connections = self.connections(t, w, pid, seen_connections)
+        headers = self.headers(t, w)
+        auth = self.auth(t, w)
+        if "@" in urlsplit(base_url).netloc:
+            # The URL's user name and password go upstream as `Authorization: Basic`: a request
+            # cannot also carry a key there (every request failed inside the HTTP client).
+            keyed = [c.id for c in connections if c.api_key] if auth == "bearer" else []
+            if keyed or any(name.lower() == "authorization" for name in headers):
+                also = f"connection {keyed[0]}'s api_key" if keyed else f"{w}.headers.Authorization"
+                self.problem(
+                    f"{w}.base_url",
+                    "holds a user name and password, which are sent as the Authorization header (HTTP"
+                    f" Basic), and so is {also}: keep the credential in one of them",
+                )
         per_model_quota = self.bool_(t, w, "per_model_quota", cls == "local")
         rate_limit = self.bool_(t, w, "rate_limit", False) if "rate_limit" in t else None
         return ProviderConfig(
@@ -879,9 +933,9 @@ class _Reader:
             per_model_quota=per_model_quota,
             rate_limit=rate_limit,
             restate=self.restate(t, w),
-            headers=self.headers(t, w),
+            headers=headers,
             apis=self.apis(t, w, pid),
-            auth=self.auth(t, w),
+            auth=auth,
         )
 
     def apis(self, t: Mapping[str, Any], w: str, pid: str) -> frozenset[str]:
@@ -926,7 +980,7 @@ class _Reader:
             self.problem(
                 f"{w}.base_url",
                 "must be an http:// or https:// URL with a host, e.g. 'http://localhost:11434/v1' "
-                f"(got {value!r})",
+                f"(got {_url_said(value)})",
             )
         return url
 

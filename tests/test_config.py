@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -808,3 +809,61 @@ def test_a_key_in_a_providers_headers_is_a_secret_like_the_others(tmp_path: Path
     secrets = load_config(path, {}).secrets()
     assert "AzureSecretKey123456" in secrets and "tok-0123456789" in secrets
     assert "org-abc12345" not in secrets and "2024-02-01" not in secrets
+
+
+_BASIC_URL = "http://svc:pass%40word-1234@127.0.0.1:9/v1"
+"""A base_url with a user name and a password (`pass@word-1234`, written percent-encoded)."""
+
+
+def test_a_base_url_password_is_a_secret_as_written_as_read_and_as_sent(tmp_path: Path) -> None:
+    """A base_url's user name and password go upstream as `Authorization: Basic`: an upstream that
+    quoted them, either way, showed them to the client, the events and the trail (found by a trial)."""
+    path = write(
+        tmp_path,
+        f'[providers.priv]\nclass = "local"\nbase_url = "{_BASIC_URL}"\n[[providers.priv.connections]]\nid = "p-1"\n',
+    )
+    secrets = load_config(path, {}).secrets()
+    assert "pass%40word-1234" in secrets and "pass@word-1234" in secrets
+    assert base64.b64encode(b"svc:pass@word-1234").decode() in secrets
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        pytest.param('api_key = "sk-a-key-0123456789"\n', True, id="a-bearer-key"),
+        pytest.param("", False, id="no-key"),
+    ],
+)
+def test_a_base_url_password_and_a_key_in_the_same_header_are_refused(
+    tmp_path: Path, extra: str, refused: bool
+) -> None:
+    """Both are sent as `Authorization`: every request failed inside the HTTP client, a 500
+    internal_error, though `config check` called the file OK (found by a trial)."""
+    text = (
+        f'[providers.priv]\nclass = "apikey"\nbase_url = "{_BASIC_URL}"\n'
+        f'[[providers.priv.connections]]\nid = "priv-1"\n{extra}'
+    )
+    if not refused:
+        load_config(write(tmp_path, text), {}, explicit=True)
+        return
+    message = error_for(tmp_path, text)
+    assert "providers.priv.base_url: holds a user name and password" in message
+    assert "connection priv-1's api_key" in message and "word-1234" not in message
+    header = error_for(
+        tmp_path,
+        f'[providers.priv]\nclass = "apikey"\nbase_url = "{_BASIC_URL}"\n'
+        '[providers.priv.headers]\nAuthorization = "Bearer someone-elses-0123"\n'
+        '[[providers.priv.connections]]\nid = "priv-1"\n',
+    )
+    assert "providers.priv.headers.Authorization" in header
+    # The Anthropic style sends its key in x-api-key: the two go together.
+    load_config(write(tmp_path, text.replace('class = "apikey"', 'class = "apikey"\nauth = "x-api-key"')), {})
+
+
+def test_a_refused_base_url_is_quoted_without_its_password_or_query(tmp_path: Path) -> None:
+    message = error_for(
+        tmp_path,
+        '[providers.priv]\nclass = "local"\nbase_url = "ftp://svc:pass-word-1234@h/v1?key=QuerySecret123"\n'
+        '[[providers.priv.connections]]\nid = "p-1"\n',
+    )
+    assert "(got 'ftp://h/v1?…')" in message and "pass-word" not in message and "QuerySecret" not in message

@@ -133,7 +133,7 @@ def check(json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = 
     Example: [bold]omniroute config check --config ./config.toml[/bold]
     """
     json_ = as_json(json_, output)
-    from proxy.config import ConfigError, check_config, resolve_config_path
+    from proxy.config import ConfigError, check_config, resolve_config_path, shown_url
 
     config_path = resolve_config_path(config, os.environ)
     explicit = bool(config or os.environ.get("OMNIROUTE_CONFIG"))
@@ -165,7 +165,7 @@ def check(json_: JsonOpt = False, output: OutputOpt = None, config: ConfigOpt = 
         "providers": {
             pid: {
                 "class": p.provider_class,
-                "baseUrl": p.base_url,
+                "baseUrl": shown_url(p.base_url),
                 "connections": [c.id for c in p.connections],
             }
             for pid, p in loaded.providers.items()

@@ -249,3 +249,17 @@ def test_an_integer_of_thousands_of_digits_is_a_config_problem_not_an_unexpected
     assert result.stderr.startswith(f"omniroute: {path}") and "unexpected error" not in result.stderr
     if key is not None:
         assert key in result.stderr and "an integer far out of range" in result.stderr
+
+
+def test_check_shows_a_base_url_without_its_password(tmp_path: Path) -> None:
+    """The summary said whether a token is set, never the token, but printed each base_url as
+    written, password and all (found by a trial)."""
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[providers.priv]\nclass = "local"\nbase_url = "http://svc:pass-word-secret-1234@127.0.0.1:9/v1"\n'
+        '[[providers.priv.connections]]\nid = "priv-1"\n'
+    )
+    path.chmod(0o600)
+    result = run("config", "check", "--config", str(path), "--json")
+    assert result.json()["providers"]["priv"]["baseUrl"] == "http://127.0.0.1:9/v1"
+    assert "pass-word-secret-1234" not in result.stdout + result.stderr

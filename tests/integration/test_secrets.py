@@ -9,6 +9,7 @@ strings the upstreams made up.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -28,7 +29,7 @@ from proxy.store import SqliteStore
 from proxy.upstream import redirected
 from tests.cli.conftest import run
 from tests.fakes import Reply
-from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat
+from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, provider
 
 KEY_A = "key-alpha-SECRET-0123456789"  # no credential shape: only the configured list finds it
 KEY_B = "sk-proj-SECRETbeta0123456789"
@@ -450,3 +451,35 @@ def test_a_key_an_upstream_upper_cases_in_its_error_leaves_by_no_door(
     forms = {f.lower() for f in (*ODD_FORMS, shouted, _php(shouted), _go(shouted), _every_char(shouted))}
     assert [t for t in texts if any(form in t.lower() for form in forms)] == []
     assert any("INVALID KEY ***" in t for t in texts)
+
+
+def test_a_base_url_password_an_upstream_quotes_leaves_by_no_door(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A base_url's user name and password are sent as `Authorization: Basic`: an upstream that
+    quoted the password, or the header it was sent, handed it to the client, the connection's last
+    error, the events and the trail (found by a trial)."""
+    up = upstreams()
+    password = "pass-word-secret-1234"
+    basic = base64.b64encode(f"svc:{password}".encode()).decode()
+    up.fake.script(
+        Reply(
+            "error",
+            status=500,
+            body={"error": {"message": f"denied: svc:{password} (Authorization: Basic {basic})"}},
+        )
+    )
+    url = up.url.replace("http://", f"http://svc:{password}@")
+    proxy = launch(provider("priv", "local", url) + '[[providers.priv.connections]]\nid = "priv-1"\n')
+    response = proxy.http.post(CHAT_PATH, json=chat("priv/m1"))
+    assert up.calls(), "the upstream was asked"
+    assert up.calls()[0].headers["authorization"] == f"Basic {basic}"  # sent as it should be
+    for text in (
+        response.text,
+        proxy.http.get("/api/resilience/connections").text,
+        proxy.http.get("/api/events").text,
+        proxy.http.get("/api/requests").text,
+    ):
+        assert password not in text and basic not in text
+    assert "***" in response.text  # the upstream's words reach the client, scrubbed
+    proxy.settled()
