@@ -58,6 +58,8 @@ def resolve_target(
     if token:
         _check_token(token, env)
     if url:
+        from proxy.config import shown_url
+
         url = url.strip().rstrip("/")
         problem = check_url(url)
         if problem is not None:
@@ -65,7 +67,13 @@ def resolve_target(
             source = (
                 " (from OMNIROUTE_URL)" if url == env.get("OMNIROUTE_URL", "").strip().rstrip("/") else ""
             )
-            raise InvalidValue(f"--url {url!r}{source} is not a usable URL: {problem}")
+            try:
+                shown = shown_url(url)
+            except ValueError:
+                shown = url
+            if shown != url:  # (its user name and password: never printed)
+                shown = shown.replace("://", "://…@", 1)
+            raise InvalidValue(f"--url {shown!r}{source} is not a usable URL: {problem}")
         return Target(url, token or None)
     from proxy.config import ConfigError, load_config, resolve_config_path, resolve_state_path
     from proxy.statelock import running_owner
@@ -109,12 +117,18 @@ def check_url(url: str) -> str | None:
     """What makes `url` unusable as an instance's address (scheme, host, port), or None if nothing does."""
     from urllib.parse import urlsplit
 
+    from proxy.config import MANAGEMENT_TOKEN_ENV
+
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # an unclosed IPv6 bracket
         return str(exc)
     if parts.scheme not in ("http", "https"):
         return f"the scheme must be http or https (got {repr(parts.scheme) if parts.scheme else 'none'})"
+    if "@" in parts.netloc:
+        # Sent as HTTP Basic in place of the token, and shown wherever the URL is (messages, the
+        # console's status line): the credential is the token's to carry.
+        return f"it holds a user name or password; give the management token with --token (or {MANAGEMENT_TOKEN_ENV})"
     if not parts.hostname:
         return "it names no host"
     try:

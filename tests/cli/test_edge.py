@@ -324,6 +324,18 @@ def test_each_command_of_a_group_is_summed_up_on_one_line(group: list[str]) -> N
     assert [line for line in text.splitlines() if re.match(r"│ {6,}\S", line)] == []
 
 
+def test_a_url_with_a_user_name_and_password_is_refused_without_printing_them() -> None:
+    """Its password was printed in every message ("no instance at http://admin:pw@..."), and sent
+    as HTTP Basic in place of the token, which the instance then refused (found by a trial)."""
+    result = run("status", "--url", "http://admin:hunter2-secret-pw@127.0.0.1:9", "--token", TOKEN)
+    assert result.code == 2
+    assert one_line(result) == (
+        "--url 'http://…@127.0.0.1:9' is not a usable URL: it holds a user name or password; give the"
+        " management token with --token (or OMNIROUTE_MANAGEMENT_TOKEN)"
+    )
+    assert "hunter2" not in result.stdout + result.stderr
+
+
 def echoing_app(kind: str) -> Starlette:
     """A server that quotes the Authorization header it was sent, in one `kind` of answer to every
     request: an error page (as debug pages do), a rejected field, a 403's reason, a 200's JSON
