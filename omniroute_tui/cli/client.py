@@ -148,6 +148,10 @@ def check_url(url: str) -> str | None:
     return None
 
 
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _error_of(content: bytes) -> tuple[str | None, list[dict[str, Any]]]:
     """The `{error: {message, fields}}` of an omniroute answer; (None, []) for anyone else's."""
     try:
@@ -290,7 +294,8 @@ class Api:
             detail = message or scrub(" ".join(text.split()))[:200] or response.reason_phrase
             raise Unexpected(f"{url} answered {status} to {method} {path}: {detail}")
         try:
-            return json.loads(content)
+            # (NaN and Infinity are Python's, not JSON's: passed on, `--json` would print no JSON.)
+            return json.loads(content, parse_constant=_not_json)
         except ValueError:
             raise Unexpected(
                 f"{url} answered {method} {path} with something that is not JSON; is it an omniroute instance?"

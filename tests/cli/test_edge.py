@@ -96,6 +96,16 @@ def test_1_not_json(answering: Answering) -> None:
     )
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_1_an_answer_with_numbers_json_has_not_is_not_json(answering: Answering, constant: str) -> None:
+    """Python's parser reads NaN and Infinity, and `--json` passed them on: what it printed was no
+    JSON for `jq` (found by a trial against a hostile server)."""
+    url = answering(200, f'{{"connections": [{{"id": "x", "inFlight": {constant}}}]}}')
+    result = run("connections", "--json", "--url", url)
+    assert result.code == 1 and result.stdout == ""
+    assert one_line(result).endswith("with something that is not JSON; is it an omniroute instance?")
+
+
 def test_1_unexpected_shape_is_one_line_without_traceback(answering: Answering) -> None:
     url = answering(200, {"surprise": True})
     result = run("breakers", "--url", url)
