@@ -437,7 +437,10 @@ class OmniRouteApp(App[int]):
     async def perform(self, action: actions.Action) -> actions.Result:
         if self.remote is not None:  # blocking HTTP: off the UI's loop
             return await asyncio.to_thread(actions.apply, self.read, self.operator, action)
-        return actions.apply(self.read, self.operator, action)
+        result = actions.apply(self.read, self.operator, action)
+        if self.runtime is not None:  # said done once on disk, as the API answers it
+            await self.runtime.acknowledge()
+        return result
 
     @on(Worker.StateChanged)
     def _worker_changed(self, event: Worker.StateChanged) -> None:

@@ -195,6 +195,11 @@ def management_routes(runtime: Runtime) -> list[Route]:
         if provider not in engine.providers:
             raise _Rejected(404, f"no provider '{untrusted.echo(provider)}'")
 
+    async def acknowledged(answer: dict[str, object]) -> Response:
+        """An operator action's answer, once what it changed is on disk (`Runtime.acknowledge`)."""
+        await runtime.acknowledge()
+        return json_response(answer)
+
     # -- health and breakers ------------------------------------------------------------------
 
     async def health(request: Request) -> Response:
@@ -202,7 +207,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
 
     async def reset_all_breakers(request: Request) -> Response:
         await _no_fields(request)
-        return json_response({"success": True, "resetCount": engine.reset_breakers(source=SOURCE)})
+        return await acknowledged({"success": True, "resetCount": engine.reset_breakers(source=SOURCE)})
 
     async def reset_breakers(request: Request) -> Response:
         body = await _json_body(request)
@@ -212,7 +217,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
             raise _invalid(errors)
         if provider is not None:
             provider_or_404(provider)
-        return json_response({"ok": True, "resetCount": engine.reset_breakers(provider, source=SOURCE)})
+        return await acknowledged({"ok": True, "resetCount": engine.reset_breakers(provider, source=SOURCE)})
 
     # -- connections --------------------------------------------------------------------------
 
@@ -227,7 +232,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
         connection_or_404(connection_id)
         await _no_fields(request)
         engine.reset_connection(connection_id, source=SOURCE)
-        return json_response({"ok": True, "connection": connection_view(connection_id)})
+        return await acknowledged({"ok": True, "connection": connection_view(connection_id)})
 
     async def update_connection(request: Request) -> Response:
         """OmniRoute's `PUT /api/providers/{id}`: only the two resilience fields are accepted."""
@@ -247,7 +252,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
             engine.reset_connection(connection_id, source=SOURCE)
         if "isActive" in body:
             engine.set_connection_enabled(connection_id, body["isActive"], source=SOURCE)
-        return json_response({"connection": connection_view(connection_id)})
+        return await acknowledged({"connection": connection_view(connection_id)})
 
     # -- model lockouts -----------------------------------------------------------------------
 
@@ -262,7 +267,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
                 errors.append(FieldError("all", "must be true (or send {provider, model[, connectionId]})"))
             if errors:
                 raise _invalid(errors)
-            return json_response({"ok": True, "removed": engine.reenable_all(source=SOURCE)})
+            return await acknowledged({"ok": True, "removed": engine.reenable_all(source=SOURCE)})
         errors = _unknown_keys(body, ("provider", "model", "connectionId", "all"))
         provider = _text(body, "provider", errors, required=True)
         model = _text(body, "model", errors, required=True)
@@ -278,7 +283,7 @@ def management_routes(runtime: Runtime) -> list[Route]:
                     f"provider '{untrusted.echo(provider)}' has no connection '{untrusted.echo(connection_id)}'",
                 )
         removed = engine.reenable(provider, model, connection_id, source=SOURCE)
-        return json_response({"ok": True, "removed": removed})
+        return await acknowledged({"ok": True, "removed": removed})
 
     # -- settings -----------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("omniroute")
 
 PERSIST_INTERVAL_S = 0.25
+ACK_FLUSH_S = 5.0
+"""The longest an operator's action waits for the disk before it is answered (`acknowledge`)."""
 SETTINGS_TRIES = 5
 """How often a settings change is merged onto a newer document and written again before it gives
 up (`SettingsContended`): each try of a fleet's replica waits up to a second for that document."""
@@ -225,6 +227,14 @@ class Runtime:
     def _persist(self) -> None:
         self.engine.persist()
         self.owners.persist()
+
+    async def acknowledge(self) -> None:
+        """Before an operator's action is answered: what it changed is on disk, so that a crash
+        right after the answer keeps it (the write-behind would take up to PERSIST_INTERVAL_S and
+        the writer's commit). A store that does not answer in ACK_FLUSH_S leaves the action live in
+        memory and answered all the same: it reports its own errors."""
+        self._persist()
+        await asyncio.to_thread(self.store.flush, ACK_FLUSH_S)
 
     # ------------------------------------------------------------------ the fleet's statistics
 

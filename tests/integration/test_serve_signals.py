@@ -301,3 +301,20 @@ def test_a_count_tokens_still_upstream_when_the_grace_period_ends_is_answered_50
     assert "server is stopping" in answer[0].json()["error"]["message"]
     assert "Traceback" not in stderr and "Exception in ASGI application" not in stderr, stderr
     instance.assert_closed_cleanly()
+
+
+def test_an_operators_action_once_answered_survives_a_kill_right_after(serves: Callable[..., Serve]) -> None:
+    """An operator who disables a leaked key is answered 200; a crash right after brought the key
+    back (transitions reached the disk within half a second, after the answer). The answer now
+    waits for the disk, as a settings change's does (found by a security trial)."""
+    instance = serves()
+    url = f"http://127.0.0.1:{instance.port}"
+    proc = instance.start()
+    for enabled in (False, True):
+        answer = httpx.put(f"{url}/api/providers/alpha-1", json={"isActive": enabled})
+        assert answer.status_code == 200, answer.text
+        proc.kill()  # SIGKILL, at once
+        stderr_of(proc)
+        proc = instance.start()
+        after = httpx.get(f"{url}/api/resilience/connections").json()["connections"]
+        assert [c["enabled"] for c in after if c["id"] == "alpha-1"] == [enabled]
