@@ -850,7 +850,13 @@ class _Reader:
         hosts = []
         for i, value in enumerate(self.str_list(t, w, "allowed_hosts")):
             name = host_name(value)
-            if not name or any(c in name for c in "/@ \t") or _has_control(name):
+            if "*" in value or "?" in value:
+                # A Host is compared whole: a pattern would match nothing, silently.
+                self.problem(
+                    f"{w}.allowed_hosts[{i}]",
+                    f"wildcards are not supported: list each host name or address (got {_shown(value)})",
+                )
+            elif not name or any(c in name for c in "/@ \t") or _has_control(name):
                 self.problem(
                     f"{w}.allowed_hosts[{i}]",
                     f"must be a host name or address such as 'proxy.lan' or '192.168.1.20' (got {_shown(value)})",
@@ -973,7 +979,8 @@ class _Reader:
         try:
             parts = urlsplit(url)
             ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-            ok = ok and not parts.query and not parts.fragment and not any(c.isspace() for c in url)
+            ok = ok and not parts.query and not parts.fragment
+            ok = ok and not any(c.isspace() for c in url) and not _has_control(url)
         except ValueError:  # a bad port or bracketed host
             ok = False
         if not ok:

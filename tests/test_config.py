@@ -770,6 +770,22 @@ def test_a_bad_allowed_host_or_origin_is_named(tmp_path: Path, text: str, key: s
     assert f"{key}: must" in error_for(tmp_path, f"[server]\n{text}\n")
 
 
+@pytest.mark.parametrize("host", ["*", "*.lan"])
+def test_a_wildcard_allowed_host_is_refused_not_matched_against_nothing(tmp_path: Path, host: str) -> None:
+    """A Host is compared whole: `["*"]` was accepted and let no host in, silently (found by a trial)."""
+    message = error_for(tmp_path, f'[server]\nallowed_hosts = ["{host}"]\n')
+    assert "server.allowed_hosts[0]: wildcards are not supported" in message
+
+
+def test_a_base_url_holding_a_control_character_is_refused(tmp_path: Path) -> None:
+    message = error_for(
+        tmp_path,
+        '[providers.p]\nclass = "local"\nbase_url = "http://127.0.0.1:9/v1\\u0000"\n'
+        '[[providers.p.connections]]\nid = "p-1"\n',
+    )
+    assert "providers.p.base_url: must be an http:// or https:// URL" in message
+
+
 def test_loopback_names_and_addresses() -> None:
     from proxy.config import host_name, is_loopback_host
 
