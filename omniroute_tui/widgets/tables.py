@@ -191,7 +191,8 @@ class ResourceTable(ScrollView, can_focus=True):
         ]
         # A cap keeps one long value from pushing the other columns off a narrow window; where the
         # window has room to spare, the capped columns take it, up to their widest cell, in order.
-        spare = self.size.width - sum(widths)
+        window = self._room(len(rows))
+        spare = window - sum(widths)
         for i, (column, n) in enumerate(zip(self._columns, found, strict=True)):
             if spare <= 0:
                 break
@@ -204,10 +205,19 @@ class ResourceTable(ScrollView, can_focus=True):
         # than its label: what the window cannot hold at all is scrolled to, as before.
         last = len(widths) - 1
         if self._columns[last].width is None:
-            room = self.size.width - sum(widths[:last])
+            room = window - sum(widths[:last])
             least = cell_len(self._columns[last].label) + (2 if sorted_by == last else 0) + 2 * PADDING
             widths[last] = min(widths[last], max(room, least))
         return widths
+
+    def _room(self, rows: int) -> int:
+        """The width the columns may fill: the window's, less the vertical scrollbar's when the rows
+        need one. (`size` counts the scrollbar's cells, and a scrollbar that appears after a fit
+        sends no resize: columns fitted to the whole width would then run under it.)"""
+        width = self.size.width
+        if rows + 1 > self.size.height:  # (+1: the header line)
+            width -= self.styles.scrollbar_size_vertical
+        return width
 
     def _repaint(self, lines: list[int]) -> None:
         """Mark `lines` (ascending, 0 is the header) dirty, as few regions as there are runs."""

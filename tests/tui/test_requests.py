@@ -53,6 +53,26 @@ async def test_a_capped_column_takes_the_room_a_wide_window_has_to_spare() -> No
         assert failed[header.index("Status") :].split("  ")[0] == "401 invalid_api_key"
 
 
+async def test_columns_fit_beside_the_scrollbar_that_many_rows_bring() -> None:
+    """With the capped columns taking the spare room, a table whose rows outgrow the window ran two
+    cells under the vertical scrollbar that appeared after the fit (no resize is sent for it): the
+    last column was cut to "Token" and a horizontal scrollbar appeared (the demo's screenshot)."""
+    app = snapshot_app()
+    trail = app.runtime.trail
+    assert trail is not None
+    for n in range(60):
+        record = trail.begin(f"{n:04x}f00dfeedbeef", "127.0.0.1", "chat/completions")
+        record.model_asked = "ratelimited/gpt-4o-mini-with-a-long-name"
+        trail.end(record, 404)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await settle(pilot)
+        table = app.table("requests")
+        assert table.show_vertical_scrollbar
+        assert table.virtual_size.width <= table.scrollable_content_region.width
+        assert "Tokens" in "".join(s.text for s in table.render_line(0))
+
+
 async def test_the_detail_pane_tells_the_trail_in_words() -> None:
     app = snapshot_app()
     async with app.run_test(size=SIZE) as pilot:
