@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,7 +52,7 @@ from proxy.config import Config, ProviderConfig, shown_url
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.guard import HEADERS_KEY
 from proxy.owners import RESPONSE_ID
-from proxy.resilience.clock import sleep_until
+from proxy.resilience.clock import Clock, sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.events import Event
 from proxy.resilience.limiter import RequestLimiter, Ticket
@@ -913,7 +913,7 @@ class Pipeline:
                 yield first
                 if parser is not None and watchdog is not None:
                     _observe(parser, watchdog, first, engine.clock.now())
-                async for chunk in chunks:
+                async for chunk in chunks if watchdog is None else _judged(chunks, watchdog, engine.clock):
                     if probe:
                         engine.probe_alive(attempt)
                     if parser is not None and watchdog is not None:
@@ -935,6 +935,13 @@ class Pipeline:
                 if _ends_inside_an_event(previous + last):
                     raise UpstreamFailure(_CUT_INSIDE_AN_EVENT)
                 outcome = Outcome.ok(upstream.status)
+            except _Silent:
+                outcome = Outcome.stall("stream throughput below the watchdog minimum")
+                if record is not None:
+                    record.code = "stream_stalled"
+                yield _Ending(
+                    sse_error("the upstream stream stalled (throughput watchdog)", "stream_stalled")
+                )
             except UpstreamFailure as failure:
                 outcome = failure.outcome
                 yield _Ending(
@@ -985,12 +992,18 @@ class Pipeline:
         # and nothing else would otherwise hold the request for as long as they come.
         watch = engine.settings.watchdog()
         watchdog = ThroughputWatchdog(watch, engine.clock.now()) if watch.enabled else None
+        if watchdog is not None:
+            chunks = _judged(chunks, watchdog, engine.clock)
         stalled = False
+        attempt = scope.attempt
+        probe = attempt.probe
         try:
             while not content and failed is None and held <= GATE_LIMIT_BYTES:
                 chunk = await anext(chunks, b"")
                 if not chunk:
                     break
+                if probe:  # the probe is making progress, held back or not: its slot stays its own
+                    engine.probe_alive(attempt)
                 head.append(chunk)
                 held += len(chunk)
                 now = engine.clock.now() if watchdog is not None else 0.0
@@ -1012,6 +1025,8 @@ class Pipeline:
                 if watchdog is not None and not content and failed is None and watchdog.should_abort(now):
                     stalled = True
                     break
+        except _Silent:
+            stalled = True
         except UpstreamFailure as failure:
             self._failed(scope, failure.outcome, progress, headers)
             return None
@@ -1038,8 +1053,6 @@ class Pipeline:
         if wire.ids:
             # The preamble naming the response id goes out next: the fleet knows its owner first.
             await _shared_settled(engine, None, wire)
-        attempt = scope.attempt
-        probe = attempt.probe
         first = b"".join(head)
         record, trail = scope.record, scope.trail
 
@@ -1095,6 +1108,13 @@ class Pipeline:
                     # back with `stop_reason: null` as if it were complete.
                     raise UpstreamFailure(_ENDED_BEFORE_MESSAGE_STOP)
                 outcome = Outcome.ok(upstream.status)
+            except _Silent:
+                outcome = Outcome.stall("stream throughput below the watchdog minimum")
+                if record is not None:
+                    record.code = "stream_stalled"
+                yield _Ending(
+                    wire.sse_error("the upstream stream stalled (throughput watchdog)", "stream_stalled")
+                )
             except UpstreamFailure as failure:
                 outcome = failure.outcome
                 yield _Ending(
@@ -1526,6 +1546,33 @@ _CUT_INSIDE_AN_EVENT = Outcome.network("the stream ended inside an event")
 _ENDED_BEFORE_MESSAGE_STOP = Outcome.network("the stream ended before message_stop")
 """A Messages stream's last event is `message_stop` (its last two reads are looked at: that event is
 a few dozen bytes, written last)."""
+
+
+class _Silent(Exception):
+    """The watchdog's moment came with no chunk since (`_judged`): the stream is cut as stalled."""
+
+
+async def _judged(
+    chunks: AsyncIterator[bytes], watchdog: ThroughputWatchdog, clock: Clock
+) -> AsyncIterator[bytes]:
+    """`chunks`, each waited for no longer than the watchdog's `due()`: a stream gone silent is
+    cut when the watchdog would judge it, not when (if ever) its upstream speaks again. (Only with
+    the watchdog on: a timer per read. The read a deadline cuts ends the upstream's body, which
+    the stall ends anyway.)"""
+    while True:
+        due = watchdog.due()
+        if due is None:  # suspended (a tool call in flight): the idle timeout, not the watchdog
+            chunk = await anext(chunks, b"")
+        else:
+            try:
+                # (+1 ms: the clock read after the wait is past `due`, where `should_abort` holds.)
+                async with asyncio.timeout(max(0.0, (due - clock.now() + 1) / 1000)):
+                    chunk = await anext(chunks, b"")
+            except TimeoutError:
+                raise _Silent from None
+        if not chunk:
+            return
+        yield chunk
 
 
 def _ends_inside_an_event(tail: bytes) -> bool:

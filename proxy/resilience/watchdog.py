@@ -16,6 +16,8 @@ A pure function of the events observed and the time; the relay feeds it and asks
   watchdog, catches a dead upstream). When text (or a finish) resumes at `t`, judgement restarts
   no earlier than `t + window_ms`, so the window is full of post-tool output before it is judged.
 - `enabled=False`: never aborts, and `observe` does nothing.
+- Silence is judged too: `due()` is when `should_abort` turns True if nothing more arrives, and
+  the relay waits for the next chunk no longer than that.
 
 Memory is bounded: bytes are kept per bucket of `window_ms / 100` (one (ts, bytes) entry per
 bucket, stamped with its latest event) and trimmed to the window. A bucket counts until its
@@ -221,11 +223,31 @@ class ThroughputWatchdog:
         if not settings.enabled or self._suspended or now < self._judge_from:
             return False
         self._trim(now)
-        in_window = self._bytes
         # bytes / (window / 1000) < min, without float division.
+        return not self._enough(self._bytes)
+
+    def due(self) -> float | None:
+        """When `should_abort` turns True if nothing more arrives (epoch ms): the relay waits for
+        the next chunk no longer than that, so that a stream gone silent is judged on time, not
+        when (if ever) its upstream speaks again. None while judgement is suspended, or disabled."""
+        settings = self._settings
+        if not settings.enabled or self._suspended:
+            return None
+        window = settings.window_ms
+        remaining = self._bytes
+        if not self._enough(remaining):
+            return self._judge_from
+        for at, size in self._samples:  # oldest first: each leaves the window at `at + window`
+            remaining -= size
+            if not self._enough(remaining):
+                return max(self._judge_from, at + window)
+        return self._judge_from  # (not reached: the window holds at least one byte of each sample)
+
+    def _enough(self, in_window: int) -> bool:
+        settings = self._settings
         return (
-            in_window * 1000 < settings.min_useful_bytes_per_second * settings.window_ms
-            or in_window < settings.min_useful_bytes
+            in_window * 1000 >= settings.min_useful_bytes_per_second * settings.window_ms
+            and in_window >= settings.min_useful_bytes
         )
 
     def _add(self, size: int, now: float) -> None:

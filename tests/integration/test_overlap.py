@@ -238,6 +238,57 @@ def test_a_probe_that_streams_longer_than_its_lease_keeps_the_slot(
     proxy.settled()
 
 
+@pytest.mark.parametrize(
+    ("api", "path", "body"),
+    [
+        ("messages", "/v1/messages", {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
+        ("responses", "/v1/responses", {"input": "hi"}),
+    ],
+)
+def test_a_messages_or_responses_probe_held_back_before_its_content_keeps_the_slot(
+    launch: Callable[..., Proxy],
+    upstreams: Callable[..., Upstream],
+    api: str,
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    """As above, while the stream's opening events are held back until its first content: nothing
+    renewed the lease there, and after 120 s of pings a second probe reached the upstream (found
+    by a trial)."""
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(
+        provider("loc", "local", up.url, "loc-1", extra=f'apis = ["{api}"]'),
+        settings={"connectionCooldown": {"local": {"baseCooldownMs": 0}}},  # the breaker alone decides
+        clock=clock,
+    )
+    up.fake.default(Reply("error", status=503))
+    for _ in range(2):  # local: OPEN at 2 failures, for 15 s
+        assert proxy.http.post(path, json={"model": "loc/m1", **body}).status_code == 503
+    clock.advance(15_000)
+    assert proxy.breaker("loc")["state"] == "HALF_OPEN"
+    up.fake.default(Reply("json"))
+    up.fake.by_model("m1", Reply("stream_pings", delay_ms=20))  # alive, but no content yet
+
+    async def scenario() -> tuple[int, int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            probe = asyncio.create_task(client.post(path, json={"model": "loc/m1", "stream": True, **body}))
+            await until(lambda: len(up.calls(path)) == 3, what="the probe to reach the upstream")
+            for _ in range(3):  # 100 s of engine time between signs of life: the lease is 120 s
+                await asyncio.sleep(0.2)  # a few pings (one each 20 ms) reach the proxy
+                assert up.fake.in_flight == 1
+                clock.advance(100_000)
+            second = await client.post(path, json={"model": "loc/m2", **body})
+            calls = len(up.calls(path))
+            probe.cancel()
+            return second.status_code, calls
+
+    status, calls = asyncio.run(scenario())
+    assert calls == 3, "a second probe reached the upstream while the first was still streaming"
+    assert status == 503  # the probe slot is taken: skipped as if OPEN
+    proxy.settled()
+
+
 def test_a_probe_queued_behind_other_requests_keeps_the_slot(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.resilience.watchdog import Activity, ThroughputWatchdog, WatchdogSettings, useful_bytes
 
@@ -177,3 +179,50 @@ def test_memory_stays_bounded_for_a_chatty_stream() -> None:
     assert len(dog._samples) <= 101  # one entry per 20 ms bucket within the 2 s window
     # Bucketing never undercounts: at least the exact 2,000 bytes of the window are seen.
     assert dog._bytes >= 2_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    warmup=st.integers(0, 5_000),
+    window=st.integers(1_000, 10_000),
+    rate=st.integers(1, 50),
+    least=st.integers(1, 200),
+    events=st.lists(st.tuples(st.integers(0, 3_000), st.integers(0, 120), st.booleans()), max_size=30),
+)
+def test_due_is_the_moment_silence_would_be_cut(
+    warmup: int, window: int, rate: int, least: int, events: list[tuple[int, int, bool]]
+) -> None:
+    """`due()` is when `should_abort` turns True if nothing more arrives (None while suspended):
+    the relay waits that long for the next chunk, so a stream gone silent is cut on time (found
+    by a trial: a silent stream was judged only when its upstream spoke again)."""
+    dog = ThroughputWatchdog(
+        WatchdogSettings(
+            enabled=True,
+            warmup_ms=warmup,
+            window_ms=window,
+            min_useful_bytes_per_second=rate,
+            min_useful_bytes=least,
+        ),
+        0.0,
+    )
+    now = 0.0
+    for gap, size, tool in events:
+        now += gap
+        dog.observe({"choices": [{"delta": {"tool_calls": [{}]}}]} if tool else _chat("x" * size), now)
+    due = dog.due()
+    if dog.suspended:
+        assert due is None
+        return
+    assert due is not None
+    # Judged on copies: `should_abort` trims what it holds. A moment already past is judged at once.
+    assert _copy(dog).should_abort(max(due, now)) is True
+    if due - 0.5 >= now:
+        assert _copy(dog).should_abort(due - 0.5) is False, due
+
+
+def _copy(dog: ThroughputWatchdog) -> ThroughputWatchdog:
+    copy = ThroughputWatchdog.__new__(ThroughputWatchdog)
+    for name in ThroughputWatchdog.__slots__:
+        value = getattr(dog, name)
+        setattr(copy, name, value.copy() if hasattr(value, "copy") else value)
+    return copy
