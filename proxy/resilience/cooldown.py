@@ -140,13 +140,17 @@ class ConnectionHealth:
         disable_cooling: bool = False,
     ) -> float:
         """Transient failure (network/5xx/429). Returns the cooldown applied in ms (0 when none)."""
+        if self.terminal is not None:
+            # The verdict stands, and so do its words: a failure of a request that was in flight
+            # when it came must not replace why the key went terminal, which the operator reads
+            # to fix it. (Nor may any cooldown overwrite a terminal state.)
+            return 0.0
         self.last_error = error
         self.last_error_type = error_type
         self.error_code = code
         self.last_error_at = now
-        # A terminal state is not a cooldown and no cooldown may overwrite it; base 0 and
-        # disable_cooling both mean "record, never cool".
-        if self.terminal is not None or disable_cooling or policy.base_cooldown_ms <= 0:
+        # Base 0 and disable_cooling both mean "record, never cool".
+        if disable_cooling or policy.base_cooldown_ms <= 0:
             return 0.0
         hint = hint_ms if policy.use_upstream_retry_hints else None
         until = self.rate_limited_until

@@ -447,3 +447,31 @@ async def test_a_relay_that_never_runs_to_its_end_still_settles_its_attempt(
     finally:
         await runtime.upstream.close()
         runtime.store.close()
+
+
+def test_a_late_503_does_not_rewrite_why_a_key_expired(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A request in flight when its key expired came back with a 503: the status stayed `expired`,
+    but its last error became the 503's, and the operator lost the 401 that says what to fix
+    (found by a trial)."""
+    up = upstreams()
+    proxy = launch(provider("key", "apikey", up.url, "key-a", "key-b"))
+    up.fake.by_model("slow", Reply("slow_headers", status=503, delay_ms=600))
+    pin = {"X-OmniRoute-Connection": "key-a"}
+
+    async def scenario() -> tuple[int, int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            slow = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/slow"), headers=pin))
+            await until(lambda: len(up.calls()) == 1, what="the slow request to reach the upstream")
+            up.fake.script(error_reply(401, "Incorrect API key provided"))
+            expired = await client.post(CHAT_PATH, json=chat("key/m1"), headers=pin)
+            assert not slow.done(), "the 503 must come after the 401"
+            return expired.status_code, (await slow).status_code
+
+    assert asyncio.run(scenario()) == (503, 503)
+    conn = proxy.connection("key-a")
+    assert conn["status"] == "expired"
+    assert (conn["lastErrorType"], conn["errorCode"]) == ("expired", 401), conn
+    assert "Incorrect API key" in conn["lastError"], conn
+    proxy.settled()
