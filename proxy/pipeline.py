@@ -843,18 +843,21 @@ class Pipeline:
         task = asyncio.current_task()
         assert task is not None
         self._waiters.add(task)  # (until it is sent: `stop` answers it rather than wait for it)
+
+        def still_wanted() -> bool:  # asked while waiting: a key that started cooling is not sent to
+            return engine.still_eligible(attempt)
+
         try:
             if sem is not None:
                 quota = engine.settings.quota_share()
                 if record is not None and trail is not None and quota.enabled:
                     trail.state(record, "slot")
                 if quota.enabled and await sem.acquire(
-                    queue_depth=quota.queue_depth, timeout_ms=quota.queue_timeout_ms
+                    queue_depth=quota.queue_depth,
+                    timeout_ms=quota.queue_timeout_ms,
+                    still_wanted=still_wanted,
                 ):
                     scope.semaphore = sem  # no await since the slot was granted: the scope owns it
-
-            def still_wanted() -> bool:  # asked while queued: a key that started cooling is not sent to
-                return engine.still_eligible(attempt)
 
             if ticket is not None and record is not None and trail is not None:
                 trail.state(record, "queued")

@@ -51,8 +51,8 @@ class OperatorActions(EnginePart):
         conn = self.connections[connection_id]
         now = self.clock.now()
         self._layers.connection_op(connection_id, lambda h: h.set_enabled(enabled, now))
-        if not enabled and conn.limiter is not None:
-            conn.limiter.recheck()  # what waits in its queue is not sent to a disabled connection
+        if not enabled:
+            conn.recheck()  # what waits for it is not sent to a disabled connection
         self._operator(f"{'enable' if enabled else 'disable'} {connection_id}", source)
 
     def reenable(

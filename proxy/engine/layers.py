@@ -128,10 +128,10 @@ class Layers:
                 conn.limiter.update(queue)
 
     def recheck_queues(self, provider: ProviderRuntime) -> None:
-        """Have the requests queued on a provider's connections ask `still_eligible` again."""
+        """Have the requests queued on a provider's connections (for a slot, or in a request
+        queue) ask `still_eligible` again."""
         for conn in provider.connections:
-            if conn.limiter is not None:
-                conn.limiter.recheck()
+            conn.recheck()
 
 
 class EnginePart:

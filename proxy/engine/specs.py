@@ -74,6 +74,14 @@ class ConnectionRuntime:
         self.in_flight = 0
         self.last_used = 0.0
 
+    def recheck(self) -> None:
+        """Have what waits for this connection (a slot, a request-queue turn) ask whether it is
+        still wanted: what no longer is leaves at once (Withdrawn)."""
+        if self.semaphore is not None:
+            self.semaphore.recheck()
+        if self.limiter is not None:
+            self.limiter.recheck()
+
 
 class ProviderRuntime:
     __slots__ = ("breaker", "connections", "rules", "spec")

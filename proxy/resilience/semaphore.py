@@ -14,6 +14,11 @@ a future resolved with True; a timeout resolves it with False from a timer, so a
 a cancellation and cannot race with a hand-off. The timer runs on the semaphore's clock (the
 engine's), so `timeout_ms` is engine time like every other duration. The one real race is a waiter that is cancelled
 after its future was resolved with True but before it ran: it owns that slot and passes it on.
+
+A waiter may say what keeps it wanted (`still_wanted`): `recheck()`, which the engine calls when
+a connection starts cooling, goes terminal, is disabled or its breaker opens, makes every waiter
+no longer wanted leave the line at once with `Withdrawn`, as a request queue's waiters do, rather
+than wait for a slot only to be refused once it comes.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 from proxy.resilience.clock import Clock, SystemClock
+from proxy.resilience.errors import Withdrawn
 from proxy.resilience.events import Event
 
 
@@ -37,7 +43,7 @@ def _no_emit(event: Event) -> None:
 class ConnectionSemaphore:
     """The slots of one connection that declares `max_concurrent`."""
 
-    __slots__ = ("_clock", "_emit", "_in_use", "_key", "_limit", "_waiters")
+    __slots__ = ("_clock", "_emit", "_in_use", "_key", "_limit", "_waiters", "_wanted")
 
     def __init__(
         self,
@@ -52,6 +58,8 @@ class ConnectionSemaphore:
         self._limit = limit
         self._in_use = 0
         self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._wanted: dict[asyncio.Future[bool], Callable[[], bool]] = {}
+        """The waiters that said what keeps them wanted (`acquire`'s `still_wanted`)."""
         self._key = key
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._emit = emit
@@ -73,10 +81,13 @@ class ConnectionSemaphore:
     def has_free_slot(self) -> bool:
         return self._in_use < self._limit
 
-    async def acquire(self, *, queue_depth: int, timeout_ms: float) -> bool:
+    async def acquire(
+        self, *, queue_depth: int, timeout_ms: float, still_wanted: Callable[[], bool] | None = None
+    ) -> bool:
         """True: a slot is held (call `release()` exactly once). False: proceed WITHOUT a slot.
 
-        Never raises except CancelledError, and a cancelled waiter leaves no trace.
+        Raises only CancelledError, and Withdrawn when a `recheck()` finds `still_wanted()` False
+        while it waits; either way the waiter leaves no trace.
         """
         # A free slot implies an empty queue: release() and set_limit() hand slots to waiters
         # first, so taking it here keeps FIFO order.
@@ -92,6 +103,8 @@ class ConnectionSemaphore:
 
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        if still_wanted is not None:
+            self._wanted[fut] = still_wanted
         clock = self._clock
         timer = (
             clock.call_at(clock.now() + timeout_ms, partial(self._expire, fut))
@@ -109,6 +122,7 @@ class ConnectionSemaphore:
         finally:
             if timer is not None:
                 timer.cancel()
+            self._wanted.pop(fut, None)
         if not granted:
             self._fail_open(f"no slot within {timeout_ms:g} ms")
         return granted
@@ -133,6 +147,16 @@ class ConnectionSemaphore:
             if not fut.done():
                 self._in_use += 1
                 fut.set_result(True)
+
+    def recheck(self) -> None:
+        """Ask each waiter's `still_wanted` now: the ones no longer wanted leave with Withdrawn
+        (cheap when nobody waits)."""
+        if not self._wanted:
+            return
+        for fut, still_wanted in list(self._wanted.items()):
+            if not fut.done() and not still_wanted():
+                self._discard(fut)
+                fut.set_exception(Withdrawn("the connection can no longer take this request"))
 
     @asynccontextmanager
     async def slot(self, *, queue_depth: int, timeout_ms: float) -> AsyncIterator[bool]:

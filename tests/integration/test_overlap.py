@@ -475,3 +475,40 @@ def test_a_late_503_does_not_rewrite_why_a_key_expired(
     assert (conn["lastErrorType"], conn["errorCode"]) == ("expired", 401), conn
     assert "Incorrect API key" in conn["lastError"], conn
     proxy.settled()
+
+
+def test_a_request_waiting_for_its_slot_leaves_at_once_when_its_connection_is_disabled(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A request queued for a connection's slot stayed there after the connection was disabled,
+    and was refused only when the slot came free (here 4 s, up to the slot wait's timeout); the
+    request queue's own waiters already left at once (found by a trial)."""
+    up = upstreams()
+    proxy = launch(
+        f'[providers.key]\nclass = "apikey"\nbase_url = "{up.url}"\n\n'
+        '[[providers.key.connections]]\nid = "key-1"\napi_key = "key-key-1"\nmax_concurrent = 1\n'
+    )
+    up.fake.by_model("slow", Reply("slow_headers", delay_ms=4000))
+    assert proxy.runtime is not None
+    conn = proxy.runtime.engine.connections["key-1"]
+
+    async def scenario() -> tuple[httpx.Response, float, int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+            holder = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/slow")))
+            await until(lambda: len(up.calls()) == 1, what="the slot holder to reach the upstream")
+            waiter = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/m1")))
+            assert conn.semaphore is not None
+            await until(lambda: conn.semaphore.waiting == 1, what="the second request to wait for the slot")
+            assert (await client.put("/api/providers/key-1", json={"isActive": False})).status_code == 200
+            started = asyncio.get_running_loop().time()
+            answer = await waiter
+            took = asyncio.get_running_loop().time() - started
+            calls = len(up.calls())
+            await holder
+            return answer, took, calls
+
+    answer, took, calls = asyncio.run(scenario())
+    assert error_of(answer, 503)["code"] == "all_targets_unavailable"
+    assert calls == 1  # it never went to the disabled connection
+    assert took < 1.5, f"it left the line only after {took:.1f} s, when the slot came free"
+    proxy.settled()

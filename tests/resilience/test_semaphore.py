@@ -6,6 +6,7 @@ import random
 import pytest
 
 from proxy.resilience.clock import FakeClock
+from proxy.resilience.errors import Withdrawn
 from proxy.resilience.events import Event
 from proxy.resilience.semaphore import ConnectionSemaphore
 
@@ -245,3 +246,26 @@ async def test_the_wait_timeout_is_engine_time() -> None:
     assert await asyncio.wait_for(waiter, 1.0) is False
     assert [(e.to, e.reason, e.ts) for e in events] == [("fail_open", "no slot within 30000 ms", clock.now())]
     assert (sem.in_use, sem.waiting) == (1, 0)
+
+
+async def test_a_waiter_no_longer_wanted_leaves_at_once_on_recheck() -> None:
+    """A request waiting for a slot of a connection that was disabled (or started cooling, went
+    terminal, had its breaker open) waited for the slot, and was refused only once it came (found
+    by a trial): `recheck()` lets it go at once, and the line behind it keeps its order."""
+    sem = ConnectionSemaphore(1)
+    assert await sem.acquire(queue_depth=10, timeout_ms=60_000)
+    wanted = {"a": True, "b": True}
+    a = asyncio.create_task(sem.acquire(queue_depth=10, timeout_ms=60_000, still_wanted=lambda: wanted["a"]))
+    b = asyncio.create_task(sem.acquire(queue_depth=10, timeout_ms=60_000, still_wanted=lambda: wanted["b"]))
+    await asyncio.sleep(0)
+    assert sem.waiting == 2
+    sem.recheck()  # both still wanted: nothing moves
+    await asyncio.sleep(0)
+    assert sem.waiting == 2 and not a.done()
+    wanted["a"] = False
+    sem.recheck()
+    with pytest.raises(Withdrawn):
+        await a
+    assert sem.waiting == 1 and sem.in_use == 1
+    sem.release()  # the slot goes to the next in line
+    assert await b is True and sem.in_use == 1 and sem.waiting == 0
