@@ -110,7 +110,10 @@ def clock_time(ms: float | None) -> str:
     """Epoch ms → local `HH:MM:SS`; `—` for None (never happened)."""
     if ms is None:
         return NONE
-    return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+    except (OverflowError, OSError, ValueError):  # a time no clock can show (an instance's words)
+        return "?"
 
 
 def count(n: int) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from proxy import stream
 from proxy.readmodel import (
     BreakerView,
     ConnectionView,
@@ -52,6 +53,7 @@ from proxy.readmodel import (
 )
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.scrub import Scrubber, StreamScrubber
+from proxy.settings import SECTIONS, Settings
 from proxy.sse import SSEParser
 
 log = logging.getLogger("omniroute.tui")
@@ -108,7 +110,11 @@ class Mirror:
         self._connections: dict[str, tuple[ConnectionView, float]] = {}
         self._lockouts: dict[tuple[str, str, str], LockoutView] = {}
         self._lockout_table = LockoutTableStatus(0, 1, 0, 0, 0, 0)
-        self._settings: dict[str, dict[str, Any]] = {"resilience": {}, "settings": {}}
+        # The schema's defaults until the instance's documents come (the status line says
+        # `connecting…` meanwhile): a Settings tab opened before then has every card to draw.
+        self._settings: dict[str, dict[str, Any]] = {
+            group: _readable_settings({}, group) for group in ("resilience", "settings")
+        }
         self._events: deque[Event] = deque(maxlen=EVENTS_KEPT)
         self._history: dict[str, deque[TransitionView]] = {}
         self._held: list[Event] = []  # row events waiting for the state message with their rows
@@ -256,7 +262,7 @@ class Mirror:
         for group in ("resilience", "settings"):
             document = data.get(group)
             if isinstance(document, dict):
-                self._settings[group] = document
+                self._settings[group] = _readable_settings(document, group)
         self._release()
 
     def _put_breaker(self, row: Mapping[str, Any], now: float) -> None:
@@ -680,7 +686,9 @@ class Remote:
 
     async def _follow(self) -> None:
         delay = BACKOFF_START_S
-        timeout = httpx.Timeout(10.0, read=None)
+        # A read that hears nothing, not a ping either, for SILENCE_LIMIT_S is a dead link (a
+        # network gone without a close): given up, and attached again.
+        timeout = httpx.Timeout(10.0, read=stream.SILENCE_LIMIT_S)
         async with httpx.AsyncClient(base_url=self.url, timeout=timeout, trust_env=False) as client:
             while True:
                 try:
@@ -699,10 +707,20 @@ class Remote:
                             )
                         if response.status_code != 200:
                             raise RemoteError(f"{STREAM} answered {response.status_code}")
-                        parser = SSEParser()
+                        if self.mirror.ready:
+                            # Resumed where it left off (what was missed comes next, or a snapshot
+                            # if the instance cannot say it): attached again, and the next break
+                            # starts its backoff over.
+                            self._link(True)
+                            delay = BACKOFF_START_S
+                        parser = SSEParser(stream.MESSAGE_LIMIT_BYTES)
                         withheld = StreamScrubber(self._scrub)
                         async for chunk in response.aiter_raw():
                             for message in parser.feed(withheld.feed(chunk)):
+                                if message.oversize:  # not taken: nor may its id say it was
+                                    raise Unreadable(
+                                        f"a {message.event} message over {stream.MESSAGE_LIMIT_BYTES:,} bytes"
+                                    )
                                 data = message.json_object()
                                 if message.id is not None and message.event != "ping":
                                     self.last_event_id = message.id
@@ -762,6 +780,18 @@ class Remote:
                     async with asyncio.timeout(STATS_POLL_S):
                         await self._snapshot_came.wait()
                 self._snapshot_came.clear()
+
+
+def _readable_settings(document: Mapping[str, Any], group: str) -> dict[str, Any]:
+    """An instance's settings document as the cards read it: every section and key this console's
+    schema has, each of its type (a section an older instance lacks reads as its default; a key
+    only a newer one has is left out). ValueError for a value of another type or range: the
+    message is unreadable, and the console attaches again rather than draw half a card."""
+    merged, errors = Settings().validate(document, group)
+    errors = [e for e in errors if e.message != "unknown key"]
+    if errors:
+        raise ValueError("; ".join(f"{e.field}: {e.message}" for e in errors[:3]))
+    return {name: merged[name] for name in SECTIONS[group]}
 
 
 class Unreadable(Exception):

@@ -48,7 +48,15 @@ from proxy.readmodel import ReadModel, triple_of
 from proxy.resilience.events import Event, EventBus
 from proxy.settings import Settings
 
-__all__ = ["BUFFER", "CLIENT_QUEUE", "COALESCE_S", "PING_S", "SNAPSHOT_EVENTS", "StreamHub"]
+__all__ = [
+    "BUFFER",
+    "CLIENT_QUEUE",
+    "COALESCE_S",
+    "PING_S",
+    "SILENCE_LIMIT_S",
+    "SNAPSHOT_EVENTS",
+    "StreamHub",
+]
 
 BUFFER = 10_000
 """Messages kept for clients that reconnect with `Last-Event-ID`."""
@@ -60,6 +68,12 @@ PING_S = 15.0
 PING_CHECKS = 3
 """Silences are checked every PING_S / PING_CHECKS: a quiet client gets its ping after PING_S to
 PING_S * (1 + 1 / PING_CHECKS) of silence."""
+MESSAGE_LIMIT_BYTES = 32 << 20
+"""The largest message a reader of the stream takes: a snapshot of a full lockout table (10,000
+locks) is some 10 MB."""
+SILENCE_LIMIT_S = 3 * PING_S * (1 + 1 / PING_CHECKS)
+"""A reader that hears nothing, not a ping either, for this long (three pings missed) is reading a
+dead link: a network gone without a close. The console and `--follow` give it up then."""
 SNAPSHOT_EVENTS = 200
 """Recent events in a snapshot."""
 SNAPSHOT_REQUESTS = 200

@@ -230,15 +230,17 @@ class Api:
         instance stopped) or breaks is a `NoInstance` too: whoever follows it learns it is over."""
         import httpx
 
+        from proxy import stream
         from proxy.sse import SSEParser
 
         url = self.target.url
-        parser = SSEParser()
+        parser = SSEParser(stream.MESSAGE_LIMIT_BYTES)
         opened = False
         try:
-            with self._client.stream(
-                "GET", path, timeout=httpx.Timeout(self.timeout_s, read=None)
-            ) as response:
+            # Nothing heard, not a ping either, for SILENCE_LIMIT_S: a network gone without a close
+            # (the instance is out of reach: exit 3, as when it stops), not a stream to wait on.
+            timeout = httpx.Timeout(self.timeout_s, read=stream.SILENCE_LIMIT_S)
+            with self._client.stream("GET", path, timeout=timeout) as response:
                 if response.status_code != 200:
                     response.read()
                     self._answer("GET", path, response, None)
@@ -250,6 +252,11 @@ class Api:
                         if data is not None:
                             yield event.event, data
         except httpx.TimeoutException:
+            if opened:
+                raise NoInstance(
+                    f"the stream from {url} went silent for {stream.SILENCE_LIMIT_S:g} s (no ping either):"
+                    " the link is gone"
+                ) from None
             raise self._hung() from None
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__

@@ -372,7 +372,12 @@ def _clock_time(iso: str | None) -> str:
     from datetime import datetime
 
     at = epoch_ms(iso)
-    return fmt.NONE if at is None else datetime.fromtimestamp(at / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    if at is None:
+        return fmt.NONE
+    try:
+        return datetime.fromtimestamp(at / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # a time no clock can show (an instance's words)
+        return "?"
 
 
 def _lockouts_table(rows: list[dict[str, Any]]) -> RenderableType | None:
