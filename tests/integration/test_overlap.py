@@ -78,12 +78,14 @@ def test_a_per_minute_quota_cools_the_key_and_a_model_access_403_leaves_it_activ
 # Item 2: a success that was in flight when a key went terminal does not revive it
 
 
-def test_a_late_success_does_not_revive_an_expired_key(
-    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
-) -> None:
+def _late_answer_after_expiry(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], late: int
+) -> tuple[Proxy, Upstream, tuple[int, int]]:
+    """A request pinned to key-a, slow, answers `late` only after a 401 expired key-a meanwhile;
+    returns (the proxy, its upstream, (the 401's request's status, the slow one's))."""
     up = upstreams()
     proxy = launch(provider("key", "apikey", up.url, "key-a", "key-b"))
-    up.fake.by_model("slow", Reply("slow_headers", delay_ms=600))
+    up.fake.by_model("slow", Reply("slow_headers", status=late, delay_ms=600))
     pin = {"X-OmniRoute-Connection": "key-a"}
 
     async def scenario() -> tuple[int, int]:
@@ -92,10 +94,17 @@ def test_a_late_success_does_not_revive_an_expired_key(
             await until(lambda: len(up.calls()) == 1, what="the slow request to reach the upstream")
             up.fake.script(error_reply(401, "Incorrect API key provided"))
             expired = await client.post(CHAT_PATH, json=chat("key/m1"), headers=pin)
-            assert not slow.done(), "the success must arrive after the 401"
+            assert not slow.done(), f"the {late} must arrive after the 401"
             return expired.status_code, (await slow).status_code
 
-    assert asyncio.run(scenario()) == (503, 200)
+    return proxy, up, asyncio.run(scenario())
+
+
+def test_a_late_success_does_not_revive_an_expired_key(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    proxy, up, statuses = _late_answer_after_expiry(launch, upstreams, 200)
+    assert statuses == (503, 200)
     conn = proxy.connection("key-a")
     assert (conn["status"], conn["errorCode"]) == ("expired", 401)
     assert error_of(proxy.pinned("key/m1", "key-a"), 503)["code"] == "all_targets_unavailable"
@@ -455,21 +464,8 @@ def test_a_late_503_does_not_rewrite_why_a_key_expired(
     """A request in flight when its key expired came back with a 503: the status stayed `expired`,
     but its last error became the 503's, and the operator lost the 401 that says what to fix
     (found by a trial)."""
-    up = upstreams()
-    proxy = launch(provider("key", "apikey", up.url, "key-a", "key-b"))
-    up.fake.by_model("slow", Reply("slow_headers", status=503, delay_ms=600))
-    pin = {"X-OmniRoute-Connection": "key-a"}
-
-    async def scenario() -> tuple[int, int]:
-        async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
-            slow = asyncio.create_task(client.post(CHAT_PATH, json=chat("key/slow"), headers=pin))
-            await until(lambda: len(up.calls()) == 1, what="the slow request to reach the upstream")
-            up.fake.script(error_reply(401, "Incorrect API key provided"))
-            expired = await client.post(CHAT_PATH, json=chat("key/m1"), headers=pin)
-            assert not slow.done(), "the 503 must come after the 401"
-            return expired.status_code, (await slow).status_code
-
-    assert asyncio.run(scenario()) == (503, 503)
+    proxy, _, statuses = _late_answer_after_expiry(launch, upstreams, 503)
+    assert statuses == (503, 503)
     conn = proxy.connection("key-a")
     assert conn["status"] == "expired"
     assert (conn["lastErrorType"], conn["errorCode"]) == ("expired", 401), conn
