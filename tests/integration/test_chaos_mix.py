@@ -153,15 +153,22 @@ def idle_report(proxy: Proxy) -> dict[str, Any]:
     }
 
 
+def launch_mix(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], behaviours: dict[str, Reply]
+) -> tuple[Proxy, Upstream, Upstream]:
+    """The proxy on `config` and `SETTINGS`, its two upstreams answering each model as `behaviours` says."""
+    a, b = upstreams("a"), upstreams("b")
+    for up in (a, b):
+        for name, reply in behaviours.items():
+            up.fake.by_model(name, reply)
+    return launch(config(a.url, b.url), settings=SETTINGS), a, b
+
+
 @pytest.mark.parametrize("seed", [1])
 def test_chaos_leaves_nothing_behind(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], seed: int
 ) -> None:
-    a, b = upstreams("a"), upstreams("b")
-    for up in (a, b):
-        for name, reply in BEHAVIOURS.items():
-            up.fake.by_model(name, reply)
-    proxy = launch(config(a.url, b.url), settings=SETTINGS)
+    proxy, a, b = launch_mix(launch, upstreams, BEHAVIOURS)
     rng = random.Random(seed)
     seen: list[str] = []
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_chaos_mix import BEHAVIOURS, SETTINGS, config
+from tests.integration.test_chaos_mix import BEHAVIOURS, launch_mix
 from tests.integration.test_proxy import CHAT_PATH, Proxy, Upstream, chat, wait_until
 
 QUICK = {k: v for k, v in BEHAVIOURS.items() if k not in ("hang", "pings")}
@@ -52,11 +52,7 @@ async def one(client: httpx.AsyncClient, rng: random.Random, seen: list[dict[str
 def test_the_trail_says_what_each_client_saw(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], seed: int
 ) -> None:
-    a, b = upstreams("a"), upstreams("b")
-    for up in (a, b):
-        for name, reply in QUICK.items():
-            up.fake.by_model(name, reply)
-    proxy = launch(config(a.url, b.url), settings=SETTINGS)
+    proxy, _, _ = launch_mix(launch, upstreams, QUICK)
     rng = random.Random(seed)
     seen: list[dict[str, Any]] = []
 
