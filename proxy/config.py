@@ -201,12 +201,7 @@ class StateConfig:
         database (`/5`: replicas on another database of the same Redis are another fleet)."""
         if not self.shared:
             return self.backend
-        parts = urlsplit(self.backend)
-        if parts.hostname is None:  # a unix socket's path
-            return f"{parts.scheme}://{parts.path}"
-        port = f":{parts.port}" if parts.port else ""
-        database = parts.path if parts.path not in ("", "/") else ""
-        return f"{parts.scheme}://{parts.hostname}{port}{database}"
+        return shown_url(self.backend, query=False).rstrip("/")  # (`redis://h:6379/` says no more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,24 +620,25 @@ def _has_control(text: str) -> bool:
     return not text.isprintable() and any(unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
 
 
-def shown_url(url: str) -> str:
+def shown_url(url: str, *, query: bool = True) -> str:
     """A URL as the program shows it: without the user name and password it may carry (a
-    base_url's are sent upstream as HTTP Basic credentials, a Redis URL's is its password)."""
+    base_url's are sent upstream as HTTP Basic credentials, a Redis URL's is its password), and
+    with `query=False` without its query either (where a key may be too)."""
     parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    kept = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+    if not query:
+        kept = kept._replace(query="", fragment="")
+    return url if kept == parts else urlunsplit(kept)
 
 
 def _url_said(value: str) -> str:
-    """A refused URL quoted in a problem: without user name, password or query (a key may be in
-    any of them)."""
+    """A refused URL quoted in a problem: without user name, password or query."""
     try:
         parts = urlsplit(value)
+        shown = shown_url(value, query=False)
     except ValueError:
         return "a URL that cannot be read"
-    kept = parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment="")
-    return _shown(urlunsplit(kept) + ("?…" if parts.query or parts.fragment else ""))
+    return _shown(shown + ("?…" if parts.query or parts.fragment else ""))
 
 
 def _shown(value: str) -> str:

@@ -49,7 +49,9 @@ SESSION_LIMIT: Final = 256
 for `sessionAffinity.ttlMs`); a longer one is kept as its digest."""
 
 
-def _no_constant(name: str) -> Any:
+def no_constant(name: str) -> Any:
+    """`json.loads`'s `parse_constant`: NaN and Infinity are Python's reading, not JSON (a client
+    of what is passed on, or printed, could not read them)."""
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -98,7 +100,7 @@ def loads(raw: bytes | str, *, unique: bool = False) -> Any:
     `RepeatedKey` (a ValueError too) for an object that repeats a member."""
     return json.loads(
         raw,
-        parse_constant=_no_constant,
+        parse_constant=no_constant,
         parse_float=_finite,
         parse_int=_integer,
         object_pairs_hook=_unique if unique else None,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from omniroute_tui.cli.exit_codes import AuthRefused, InvalidValue, NoInstance, NotFound, Unexpected
+from proxy import untrusted
 from proxy.scrub import Scrubber, StreamScrubber
 
 if TYPE_CHECKING:
@@ -146,10 +147,6 @@ def check_url(url: str) -> str | None:
     if not 1 <= int(digits) <= 65535:
         return f"the port must be between 1 and 65535 (got {int(digits)})"
     return None
-
-
-def _not_json(constant: str) -> object:
-    raise ValueError(f"{constant} is not JSON")
 
 
 def _error_of(content: bytes) -> tuple[str | None, list[dict[str, Any]]]:
@@ -302,7 +299,7 @@ class Api:
             raise Unexpected(f"{url} answered {status} to {method} {path}: {detail}")
         try:
             # (NaN and Infinity are Python's, not JSON's: passed on, `--json` would print no JSON.)
-            return json.loads(content, parse_constant=_not_json)
+            return json.loads(content, parse_constant=untrusted.no_constant)
         except ValueError:
             raise Unexpected(
                 f"{url} answered {method} {path} with something that is not JSON; is it an omniroute instance?"

@@ -49,6 +49,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
+from proxy import untrusted
 from proxy.config import Config
 from proxy.fleet.affinity import Affinity
 from proxy.fleet.fingerprint import config_items, differences, fingerprint
@@ -1228,7 +1229,7 @@ class FleetState:
                 missing.append(ident)
                 continue
             try:
-                published = json.loads(text, parse_constant=_not_json)
+                published = json.loads(text, parse_constant=untrusted.no_constant)
                 at, windows = float(published["at"]), published["windows"]
             except (ValueError, TypeError, KeyError):
                 missing.append(ident)
@@ -1258,7 +1259,7 @@ def _replica_of(text: str) -> dict[str, Any] | None:
     field of its type, nothing else. What health relays is then the documented shape, and JSON
     (Python's parser takes `NaN` and `Infinity`, which no JSON client reads)."""
     try:
-        found = json.loads(text, parse_constant=_not_json)
+        found = json.loads(text, parse_constant=untrusted.no_constant)
     except ValueError:
         return None
     if not isinstance(found, dict):
@@ -1280,10 +1281,6 @@ def _windows_ok(windows: object) -> bool:
         )
         for rows in windows.values()
     )
-
-
-def _not_json(constant: str) -> object:
-    raise ValueError(f"{constant} is not JSON")
 
 
 def _plain(record: Mapping[str, Any]) -> dict[str, Any]:
