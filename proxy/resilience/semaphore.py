@@ -114,7 +114,7 @@ class ConnectionSemaphore:
         try:
             granted = await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.result():
+            if fut.done() and not fut.cancelled() and fut.exception() is None and fut.result():
                 self.release()  # handed a slot at the moment of cancellation: pass it on
             else:
                 self._discard(fut)

@@ -269,3 +269,19 @@ async def test_a_waiter_no_longer_wanted_leaves_at_once_on_recheck() -> None:
     assert sem.waiting == 1 and sem.in_use == 1
     sem.release()  # the slot goes to the next in line
     assert await b is True and sem.in_use == 1 and sem.waiting == 0
+
+
+async def test_a_waiter_cancelled_as_it_is_withdrawn_is_cancelled_and_leaves_no_trace() -> None:
+    """The withdrawal and a cancellation (its client left) in the same turn of the loop: the
+    cancellation is what the waiter's task sees, not a Withdrawn raised from its handler."""
+    sem = ConnectionSemaphore(1)
+    assert await sem.acquire(queue_depth=10, timeout_ms=60_000)
+    waiter = asyncio.create_task(sem.acquire(queue_depth=10, timeout_ms=60_000, still_wanted=lambda: False))
+    await asyncio.sleep(0)
+    sem.recheck()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (sem.in_use, sem.waiting) == (1, 0)
+    sem.release()
+    assert (sem.in_use, sem.waiting) == (0, 0)
