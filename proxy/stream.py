@@ -421,8 +421,8 @@ class StreamHub:
                         yield b"".join(m.wire(instance) for m in batch)
                         if queue:
                             await asyncio.sleep(0)
-                if client.stale or self._closed:
-                    continue
+                if client.stale or self._closed or client.queue:
+                    continue  # what came while this wrote goes first: a ping's id says it was sent
                 if client.ping_due:
                     client.ping_due = False
                     client.sent_at = self._checks

@@ -156,6 +156,33 @@ async def test_a_client_is_pinged_after_ping_s_of_silence_and_not_before() -> No
     hub.close()
 
 
+async def test_a_ping_never_carries_an_id_ahead_of_a_message_still_to_be_sent() -> None:
+    """A client resuming from a ping's id is sent only what came after it: so a ping that falls
+    due while messages wait for this client must come after them, not be numbered past them."""
+    runtime = build_runtime()
+    hub = runtime.stream
+    messages = hub.messages(None, frozenset({"event"}))
+    await drain(messages, 2)  # retry, snapshot
+    for n in range(2 * stream.WRITE_BATCH):
+        hub._publish("event", lambda n=n: {"n": n})
+    chunks = [await asyncio.wait_for(messages.__anext__(), 1)]  # the first batch is out
+    hub._publish("event", lambda: {"n": "late"})  # queued while the batches are written
+    for _ in range(stream.PING_CHECKS):
+        hub._silences()  # and a ping falls due meanwhile
+    while b"event: ping" not in chunks[-1]:
+        chunks.append(await asyncio.wait_for(messages.__anext__(), 1))
+    ids = [
+        int(line.rsplit(b"-", 1)[1])
+        for chunk in chunks
+        for line in chunk.split(b"\n")
+        if line.startswith(b"id: ")
+    ]
+    assert ids == sorted(ids), ids
+    assert b'"late"' in b"".join(chunks)  # sent before the ping that says it was
+    await messages.aclose()
+    hub.close()
+
+
 def test_a_snapshot_builds_views_only_of_the_records_it_sends(monkeypatch: pytest.MonkeyPatch) -> None:
     """An attach is served on the proxy's loop: a snapshot views the SNAPSHOT_REQUESTS newest
     finished records it carries and the alive ones, not the whole ring (2,000 by default)."""
