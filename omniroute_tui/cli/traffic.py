@@ -123,25 +123,38 @@ def where(r: dict[str, Any]) -> str | None:
 
 def _follow(messages: Iterator[tuple[str, dict[str, Any]]], *, failed: bool, json_: bool) -> None:
     """Each record once, as it ends: the stream says a record again in a snapshot after a
-    reconnect, and while it is alive."""
+    reconnect, and while it is alive. The first snapshot says what ended before following began
+    (`omniroute requests`' to show); a later one is sent in place of what a follower missed (it
+    fell behind, or came back too late to resume), and what it says ended since is printed from it."""
     printed: deque[str] = deque(maxlen=10_000)
     seen: set[str] = set()
-    for kind, data in messages:
-        if kind == "snapshot":
-            continue  # what ended before following began is `omniroute requests`' to show
-        if kind != "request" or data.get("state") not in ENDED_STATES or data.get("id") in seen:
-            continue
-        if failed and data.get("state") not in FAILED_STATES:
-            continue
+
+    def once(record: dict[str, Any], *, show: bool = True) -> None:
+        rid = record.get("id")
+        if record.get("state") not in ENDED_STATES or not isinstance(rid, str) or rid in seen:
+            return
         if len(printed) == printed.maxlen:
             seen.discard(printed[0])
-        printed.append(data["id"])
-        seen.add(data["id"])
+        printed.append(rid)
+        seen.add(rid)
+        if not show or (failed and record.get("state") not in FAILED_STATES):
+            return
         if json_:
-            sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+            sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
             sys.stdout.flush()
         else:
-            _line(data)
+            _line(record)
+
+    began = False
+    for kind, data in messages:
+        if kind == "snapshot":
+            recent = (data.get("requests") or {}).get("recent") or []
+            for record in recent:  # oldest first
+                if isinstance(record, dict):
+                    once(record, show=began)
+            began = True
+        elif kind == "request":
+            once(data)
 
 
 def _line(r: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 
 from tests.cli.conftest import Instance
 from tests.integration.test_proxy import wait_until
@@ -128,3 +129,35 @@ def test_requests_follow_prints_each_request_once_as_it_ends(proxy: Instance) ->
         records = proxy.api("/api/requests")["requests"]
         assert lines == records  # each as the API shows it, in the order they ended
         assert follower.lines.empty()
+
+
+def _record(rid: str, state: str = "done") -> dict[str, object]:
+    return {"id": rid, "state": state, "status": 200, "attempts": []}
+
+
+def test_requests_follow_prints_what_a_later_snapshot_says_ended_and_was_not_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A follower that fell behind (or reconnected past the buffer) is sent a snapshot instead of
+    the records it missed: those that ended since it began following are printed from it, once,
+    and those that ended before it began are not."""
+    from omniroute_tui.cli.traffic import _follow
+
+    def snapshot(*recent: str) -> tuple[str, dict[str, object]]:
+        return "snapshot", {"requests": {"alive": [], "recent": [_record(r) for r in recent]}}
+
+    _follow(
+        iter(
+            [
+                snapshot("before"),
+                ("request", _record("a")),
+                snapshot("before", "a", "b", "c"),
+                ("request", _record("c")),
+                ("request", _record("d")),
+            ]
+        ),
+        failed=False,
+        json_=True,
+    )
+    printed = [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()]
+    assert printed == ["a", "b", "c", "d"]
