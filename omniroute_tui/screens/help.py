@@ -31,6 +31,7 @@ class ConsoleApp(Protocol):
 
     BINDINGS: ClassVar[list[BindingType]]
     COMMAND_PALETTE_BINDING: ClassVar[str]
+    read_only: bool
 
     def run_action(self, action: str, default_namespace: Any = None) -> Awaitable[bool]: ...
 
@@ -141,6 +142,8 @@ def commands(app: ConsoleApp) -> list[tuple[str, str, Callable[[], object]]]:
             continue
         if entry.scope in ("Settings tab", "Any table") or entry.scope.startswith("Overview"):
             continue  # these keys need a focused card, table or list; the palette cannot give one
+        if app.read_only and entry.table is not None and b.action in ResourceTable.CHANGES:
+            continue  # refused in read-only mode: not offered
         title = b.description or b.action
         if entry.table is not None:
             title = f"{entry.table.capitalize()}: {title}"

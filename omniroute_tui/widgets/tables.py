@@ -45,6 +45,9 @@ class ResourceTable(ScrollView, can_focus=True):
     FOLLOWS_TOP: ClassVar[bool] = False
     """A cursor on the first row stays on the first row as new rows arrive (like `tail -f`)."""
 
+    CHANGES: ClassVar[frozenset[str]] = frozenset({"reset", "reset_shown", "toggle_enabled"})
+    """The actions that change the instance: neither offered nor done in read-only mode."""
+
     COMPONENT_CLASSES: ClassVar[set[str]] = {"resource-table--header", "resource-table--cursor"}
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -414,8 +417,8 @@ class ResourceTable(ScrollView, can_focus=True):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Read-only: the action keys would do nothing, so they are not offered (the status line
-        # says READ-ONLY); the app refuses any action that still arrives (the palette).
-        if action in ("reset", "reset_shown", "toggle_enabled"):
+        # says READ-ONLY); the app refuses any action that still arrives (a palette opened before).
+        if action in self.CHANGES:
             return not getattr(self.app, "read_only", False)
         return True
 

@@ -431,7 +431,11 @@ async def test_read_only_disables_every_action() -> None:
                 # ...and the key is answered, not ignored (found by an operator's trial)
                 assert any("read-only mode" in n.message for n in app._notifications), key
                 app.clear_notifications()
-        app.table_action("breakers", "reset")  # the palette still reaches the app, which refuses
+        titles = [title for title, _, _ in commands(app)]
+        assert "Show the Breakers tab" in titles and "Filter" in titles
+        for title in ("Breakers: Reset", "Connections: Clear", "Connections: On/off", "Lockouts: Re-enable"):
+            assert title not in titles  # the palette does not offer what would be refused
+        app.table_action("breakers", "reset")  # a stale palette still reaches the app, which refuses
         await settle(pilot)
         await settle(pilot)
         assert not isinstance(app.screen, ConfirmScreen)
