@@ -90,6 +90,8 @@ _RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
 _MEDIA_CACHED = 64
+ADDRESS_LIMIT = 64
+"""The most of a client's address a record keeps (an IPv6 address with its zone is under 64)."""
 GATE_LIMIT_BYTES = 256 * 1024
 """How much of a Messages or Responses stream's preamble is held back while waiting for its first
 content (an error event before content still falls back); past it the stream is committed."""
@@ -1408,7 +1410,12 @@ def _request_id(scope: Scope) -> str:
 
 def _client(scope: Scope) -> str:
     client = scope.get("client")  # (host, port); `request.client` builds a named tuple
-    return str(client[0]) if client else "unknown"
+    if not client:
+        return "unknown"
+    host = str(client[0])
+    # A loopback client's `X-Forwarded-For` is taken for its address (uvicorn's proxy headers), so
+    # any local process makes it as long as its headers: the record keeps at most an address's worth.
+    return host if len(host) <= ADDRESS_LIMIT else host[: ADDRESS_LIMIT - 1] + "…"
 
 
 def _ended(trail: Trail, record: RequestRecord, response: Response | None, now: float | None) -> None:

@@ -42,7 +42,7 @@ from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.traffic import TrafficStats, Usage
 
 MESSAGE_LIMIT = 200
-"""The most of an error message a record keeps."""
+"""The most of an error's code or message a record keeps (an upstream's may be any length)."""
 REASON_LIMIT = 120
 TOKENS_MAX = 10**12
 """The most tokens a usage count may say: more is no count any request has (`10**400` is legal
@@ -551,7 +551,10 @@ def error_of(body: bytes) -> tuple[str | None, str | None]:
     if not isinstance(code, str):
         code = error.get("type") if isinstance(error.get("type"), str) else None
     message = error.get("message")
-    return code, _short(message, MESSAGE_LIMIT) if isinstance(message, str) else None
+    return (
+        _short(code, MESSAGE_LIMIT) if code is not None else None,
+        _short(message, MESSAGE_LIMIT) if isinstance(message, str) else None,
+    )
 
 
 def usage_of(answer: object) -> Usage | None:
