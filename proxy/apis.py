@@ -170,24 +170,36 @@ class StreamError:
 
 def stream_error(api: str, data: Mapping[str, Any] | None) -> StreamError:
     """The status an error event stands for (so it is classified like that status: 529 overloaded,
-    429 rate limited...), and the error body a client of that API would have got instead."""
-    if data is None:
-        return StreamError(
-            502, b'{"error": {"message": "the upstream stream failed", "type": "upstream_error"}}'
-        )
+    429 rate limited...), and the error body a client of that API would have got instead. `data`
+    is the event's JSON (None when it was not JSON): any shape an upstream sends is answered."""
+    failed = "the upstream stream failed"
     if api == "messages":
+        if data is None:  # not JSON
+            return StreamError(502, anthropic_error_body(502, failed))
         error = data.get("error")
         if not isinstance(error, Mapping):  # not Anthropic's shape: say so in it
-            return StreamError(500, anthropic_error_body(500, "the upstream stream failed"))
+            return StreamError(500, anthropic_error_body(500, failed))
         kind = error.get("type")
         status = _ANTHROPIC_STATUS.get(kind, 500) if isinstance(kind, str) else 500
-        return StreamError(status, json.dumps(data).encode())
-    error = data.get("response", {}).get("error") if data.get("type") == "response.failed" else data
+        try:
+            return StreamError(status, json.dumps(data).encode())  # as the upstream said it
+        except (ValueError, RecursionError):  # JSON nested too deep to write out again
+            message = error.get("message")
+            said = message if isinstance(message, str) else failed
+            return StreamError(
+                status, json.dumps({"type": "error", "error": {"type": kind, "message": said}}).encode()
+            )
+    if data is None:
+        return StreamError(502, json.dumps({"error": {"message": failed, "type": "upstream_error"}}).encode())
+    error = data.get("response") if data.get("type") == "response.failed" else data
+    if isinstance(error, Mapping) and error is not data:
+        error = error.get("error")
     if not isinstance(error, Mapping):
         error = {}
     code = error.get("code")
-    status = _RESPONSES_STATUS.get(code, 500) if isinstance(code, str) else 500
-    message = error.get("message") if isinstance(error.get("message"), str) else "the upstream stream failed"
+    code = code if isinstance(code, str) else None
+    status = _RESPONSES_STATUS.get(code, 500) if code is not None else 500
+    message = error.get("message") if isinstance(error.get("message"), str) else failed
     body = {"error": {"message": message, "type": "upstream_error", "code": code}}
     return StreamError(status, json.dumps(body).encode())
 

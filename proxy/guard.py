@@ -108,9 +108,7 @@ class Guard:
                 denial = self._access(scope, headers, managed, needed)
             if denial is not None:
                 status, body = denial
-                if path.startswith("/v1/messages"):  # Anthropic's clients read their own shape
-                    body = anthropic_error_body(status, json.loads(body)["error"]["message"])
-                await _answer(stamping(send, added, scope), status, body)
+                await _answer(stamping(send, added, scope), status, _shaped(path, status, body))
                 return
         try:
             direct = self._direct
@@ -121,11 +119,8 @@ class Guard:
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if not scope.get(STARTED_KEY):
-                await _answer(
-                    stamping(send, added, scope),
-                    500,
-                    error_body(500, "internal error; see the server log", "internal_error"),
-                )
+                body = error_body(500, "internal error; see the server log", "internal_error")
+                await _answer(stamping(send, added, scope), 500, _shaped(path, 500, body))
 
     def _api_admitted(self, scope: Scope, headers: dict[bytes, bytes]) -> bool:
         """Does a `/v1/` request without an Origin plainly pass every rule? True only when the rules
@@ -343,3 +338,11 @@ async def _preflight(send: Send) -> None:
         }
     )
     await send({"type": "http.response.body", "body": b""})
+
+
+def _shaped(path: str, status: int, body: bytes) -> bytes:
+    """One of the Guard's own answers (`error_body`'s shape) in the shape its route's clients read:
+    Anthropic's on `/v1/messages`."""
+    if path.startswith("/v1/messages"):
+        return anthropic_error_body(status, json.loads(body)["error"]["message"])
+    return body

@@ -113,6 +113,11 @@ def test_event_kinds(api: str, name: str, data: dict[str, object] | None, kind: 
         ("responses", {"type": "response.failed", "response": {"error": {"code": "server_error"}}}, 500),
         ("responses", {"type": "error", "code": None}, 500),
         ("responses", None, 502),
+        ("responses", {"type": "response.failed", "response": None}, 500),
+        ("responses", {"type": "response.failed", "response": "boom"}, 500),
+        ("responses", {"type": "response.failed", "response": {"error": [1]}}, 500),
+        ("responses", {"type": "error", "code": {"deep": [[[]]]}}, 500),
+        ("messages", None, 502),
     ],
 )
 def test_an_error_event_stands_for_a_status(api: str, data: dict[str, object] | None, status: int) -> None:
@@ -125,6 +130,20 @@ def test_an_error_event_stands_for_a_status(api: str, data: dict[str, object] | 
 def test_a_messages_error_event_becomes_the_error_body_as_it_came() -> None:
     data = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     assert json.loads(stream_error("messages", data).body) == data
+
+
+def test_an_error_event_too_deep_to_write_again_is_said_in_its_own_words() -> None:
+    """orjson reads 1,024 levels; the standard library writes fewer: the status and the words stay."""
+    deep: object = []
+    for _ in range(1000):
+        deep = [deep]
+    data = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}, "detail": deep}
+    error = stream_error("messages", data)
+    assert error.status == 529
+    assert json.loads(error.body) == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "Overloaded"},
+    }
 
 
 def test_response_ids_of_answers_and_created_events() -> None:

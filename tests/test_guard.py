@@ -3,6 +3,8 @@ that puts the Guard's headers on itself (DirectAnswers)."""
 
 from __future__ import annotations
 
+import json
+
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.config import ServerConfig
@@ -42,7 +44,7 @@ class _Direct:
         raise RuntimeError("broken")
 
 
-async def _through(guard: Guard) -> list[Message]:
+async def _through(guard: Guard, path: str = "/v1/chat/completions") -> list[Message]:
     sent: list[Message] = []
 
     async def receive() -> Message:
@@ -54,7 +56,7 @@ async def _through(guard: Guard) -> list[Message]:
     scope: Scope = {
         "type": "http",
         "method": "POST",
-        "path": "/v1/chat/completions",
+        "path": path,
         "headers": [(b"host", b"127.0.0.1:20128"), (b"content-type", b"application/json")],
         "client": ("127.0.0.1", 5000),
     }
@@ -68,6 +70,16 @@ async def test_a_direct_answer_that_fails_before_it_starts_is_a_json_500_with_th
     assert sent[0]["status"] == 500
     assert dict(sent[0]["headers"])[b"x-request-id"]
     assert b"internal_error" in sent[1]["body"]
+
+
+async def test_on_the_messages_route_the_500_is_in_anthropics_shape() -> None:
+    """Anthropic's SDK reads `{"type": "error", "error": {"type", "message"}}` on `/v1/messages`,
+    as for every other answer of the Guard's there."""
+    sent = await _through(Guard(_Direct(fail_after_start=False), ServerConfig()), "/v1/messages")
+    assert sent[0]["status"] == 500
+    body = json.loads(sent[1]["body"])
+    assert body["type"] == "error" and body["error"]["type"] == "api_error", body
+    assert "see the server log" in body["error"]["message"]
 
 
 async def test_a_direct_answer_that_fails_after_it_started_gets_no_second_start() -> None:

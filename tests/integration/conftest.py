@@ -22,6 +22,7 @@ from proxy.engine import Engine
 from proxy.resilience.clock import FakeClock
 from proxy.runtime import Runtime
 from tests.fakes import FakeUpstream, LiveServer, serve
+from tests.fakes.scripted import ScriptedUpstream
 from tests.two_providers import config_text
 
 # test_proxy.py's harness (fake upstreams and proxies started per test, stopped side by side) serves
@@ -146,3 +147,20 @@ def guarded_app(tmp_path: Path) -> Iterator[Callable[[str | None], ASGIApp]]:
     yield make
     for runtime in runtimes:
         runtime.store.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[[], ScriptedUpstream]]:
+    """`scripted()` starts a ScriptedUpstream on a real loopback server; its `.url` is the base URL."""
+    servers: list[LiveServer] = []
+
+    def make() -> ScriptedUpstream:
+        app = ScriptedUpstream()
+        server = LiveServer(app).start()
+        servers.append(server)
+        app.url = server.url + "/v1"
+        return app
+
+    yield make
+    for server in servers:
+        server.stop()
