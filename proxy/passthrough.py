@@ -19,7 +19,15 @@ from proxy import untrusted
 from proxy.apis import CLIENT_HEADERS, anthropic_error_body
 from proxy.engine import Target
 from proxy.owners import RESPONSE_ID
-from proxy.pipeline import BodyStalled, BodyTooLarge, Wire, _read_body, body_stalled, upstream_headers
+from proxy.pipeline import (
+    BodyStalled,
+    BodyTooLarge,
+    Wire,
+    _read_body,
+    body_stalled,
+    retry_hints,
+    upstream_headers,
+)
 from proxy.responses import ErrorResponse, error_response
 from proxy.runtime import Runtime
 from proxy.scrub import Scrubber, StreamScrubber
@@ -190,7 +198,7 @@ async def _send_once(
             return Response(
                 scrub.error_bytes(raw),
                 upstream.status,
-                headers=headers,
+                headers={**headers, **retry_hints(upstream.headers)},
                 media_type=scrub(upstream.content_type),
             )
         if upstream.content_type.startswith("text/event-stream"):

@@ -86,9 +86,24 @@ _CLIENT_KEYS = tuple((h, h.encode()) for h in CLIENT_HEADERS)
 WAIT_SLACK_MS = 50.0
 _NUDGING_LAYERS = frozenset(("operator", "settings"))
 """The events after which a request waiting out a cooldown looks again at once (`Pipeline.nudge`)."""
-_RETRY_HINT = re.compile(r"[0-9][0-9.]{0,15}|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT")
+_RETRY_HINT = re.compile(
+    r"[0-9]{1,12}(?:\.[0-9]{1,6})?|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT"
+)
 """What a relayed Retry-After (-Ms) may hold: seconds (or ms), or an HTTP date; anything else an
 upstream puts there (its echo of our key, say) stays with us."""
+
+
+def retry_hints(upstream_headers: Mapping[str, str]) -> dict[str, str]:
+    """The upstream's `Retry-After` and `Retry-After-Ms` that a relayed error answer carries on to
+    its client (those that read as a number or a date)."""
+    hints = {}
+    for name in ("retry-after", "retry-after-ms"):
+        value = upstream_headers.get(name)
+        if value is not None and _RETRY_HINT.fullmatch(value):
+            hints[name] = value
+    return hints
+
+
 _MEDIA_CACHED = 64
 ADDRESS_LIMIT = 64
 """The most of a client's address a record keeps (an IPv6 address with its zone is under 64)."""
@@ -756,10 +771,7 @@ class Pipeline:
         if recorded.client_retry_after_ms is not None:
             progress.client_retry_ms = recorded.client_retry_after_ms
         passthrough_headers = dict(headers)
-        for name in ("retry-after", "retry-after-ms"):
-            value = upstream_headers.get(name)
-            if value is not None and _RETRY_HINT.fullmatch(value):  # a number or a date, nothing else
-                passthrough_headers[name] = value
+        passthrough_headers.update(retry_hints(upstream_headers))
         if recorded.client_retry_after_ms is not None:
             passthrough_headers["retry-after"] = str(math.ceil(recorded.client_retry_after_ms / 1000))
         if whole:
