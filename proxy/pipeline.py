@@ -63,7 +63,15 @@ from proxy.responses import ErrorResponse, error_response, sse_error
 from proxy.router import Router
 from proxy.scrub import Scrubber, StreamScrubber
 from proxy.sse import SSEParser
-from proxy.trail import RequestRecord, Trail, error_of, messages_stream_usage, stream_usage, usage_of
+from proxy.trail import (
+    RequestRecord,
+    Trail,
+    error_of,
+    kept_message,
+    messages_stream_usage,
+    stream_usage,
+    usage_of,
+)
 from proxy.upstream import (
     MAX_ERROR_BODY,
     DeadlinePassed,
@@ -1082,7 +1090,7 @@ class Pipeline:
                     trail.first_byte(record)
                 yield first
                 if ended is not None:
-                    outcome = _stream_failure(ended, engine.scrubber)
+                    outcome = _stream_failure(ended, engine.scrubber, record)
                     return
                 # (The watchdog saw the held-back events as they came.)
                 # Without the watchdog nothing needs every event: the spotter finds an error
@@ -1115,7 +1123,7 @@ class Pipeline:
                     previous, last = last, chunk
                     yield chunk
                     if error is not None:
-                        outcome = _stream_failure(error, engine.scrubber)
+                        outcome = _stream_failure(error, engine.scrubber, record)
                         return
                 tail = previous + last
                 if _ends_inside_an_event(tail):
@@ -1397,10 +1405,16 @@ def _claims_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _stream_failure(error: StreamError, scrub: Scrubber) -> Outcome:
+def _stream_failure(error: StreamError, scrub: Scrubber, record: RequestRecord | None) -> Outcome:
     """An error event after content: relayed as it came and the stream ends there; the attempt
-    counts as the status the event stands for (an `overloaded_error` is a 529 to every layer)."""
-    return Outcome(OutcomeKind.STATUS, error.status, {}, scrub(error.body.decode("utf-8", "replace")))
+    counts as the status the event stands for (an `overloaded_error` is a 529 to every layer), and
+    the record says the error its client got."""
+    said = scrub(error.body.decode("utf-8", "replace"))
+    if record is not None:
+        code, message = error_of(error.body)
+        record.code = scrub(code) if code else None
+        record.message = scrub(message) if message else kept_message(said)  # its words, or itself
+    return Outcome(OutcomeKind.STATUS, error.status, {}, said)
 
 
 def _json_object(content: bytes) -> dict[str, Any] | None:
@@ -1461,11 +1475,14 @@ def _stream_ended(
         record.code, record.message = "client_disconnected", "the client went away during the stream"
         trail.end(record, status, state="client_gone", now=now)
     elif not outcome.is_success:
-        # The code the client's error event carried: the relay sets `stream_stalled` when the
-        # watchdog cut the stream; anything else that broke it off (an idle upstream too, which
-        # counts as a stall) the client was told was `stream_interrupted`.
-        record.code = record.code or "stream_interrupted"
-        record.message = trail.engine.scrubber(outcome.error) or None
+        # The code the client's error event carried: the relay sets the upstream's own for its
+        # error event, and `stream_stalled` when the watchdog cut the stream; anything else that
+        # broke it off (an idle upstream too, which counts as a stall) the client was told was
+        # `stream_interrupted`.
+        if record.code is None:
+            record.code, record.message = "stream_interrupted", None
+        if record.message is None:
+            record.message = kept_message(trail.engine.scrubber(outcome.error))
         trail.end(record, status, state="failed", now=now)
     else:
         trail.end(record, status, now=now)

@@ -520,6 +520,11 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def kept_message(text: str | None) -> str | None:
+    """An error's words as a record keeps them: at most MESSAGE_LIMIT characters, None for none."""
+    return _short(text, MESSAGE_LIMIT) or None if text else None
+
+
 class EventCounts:
     """Resilience events per layer since the start (for /metrics): a bus subscriber, O(1) per event."""
 
