@@ -21,6 +21,7 @@ read of an answer (never its content) is the record's rule.
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -603,22 +604,42 @@ def _count(value: object) -> int | None:
 
 
 def stream_usage(tail: bytes) -> Usage | None:
-    """The usage of a stream from its last bytes: the last `data:` event that mentions `usage`."""
+    """The usage of a stream from its last bytes: the last `data:` event that mentions `usage`,
+    or, when that event began before these bytes (a Responses stream's `response.completed`
+    repeats the whole answer: hundreds of KB for a large tool call), its `usage` object alone."""
     at = tail.rfind(b'"usage"')
     while at >= 0:
         start = tail.rfind(b"data:", 0, at)
-        if start < 0:
-            return None
+        if start < 0:  # the event began before these bytes: the last `usage` key is its own
+            return _usage_object_at(tail, at + len(b'"usage"'))
         end = tail.find(b"\n", at)
-        line = tail[start + 5 : end if end >= 0 else len(tail)]
         try:
-            found = usage_of(json.loads(line))
+            found = usage_of(json.loads(tail[start + 5 : end if end >= 0 else len(tail)]))
         except (ValueError, RecursionError):
             found = None
         if found is not None:
             return found
         at = tail.rfind(b'"usage"', 0, start)
     return None
+
+
+_KEY_END = re.compile(rb"\s*:\s*")
+USAGE_OBJECT_BYTES = 4096
+_DECODER = json.JSONDecoder()
+
+
+def _usage_object_at(tail: bytes, after_key: int) -> Usage | None:
+    """The usage of the JSON object that follows a `"usage"` key ending at `after_key`, if it is one."""
+    colon = _KEY_END.match(tail, after_key)
+    if colon is None:
+        return None
+    try:  # (a usage object is far under USAGE_OBJECT_BYTES; what follows it is left unread)
+        value, _ = _DECODER.raw_decode(
+            tail[colon.end() : colon.end() + USAGE_OBJECT_BYTES].decode("utf-8", "replace")
+        )
+    except (ValueError, RecursionError):
+        return None
+    return usage_of({"usage": value}) if type(value) is dict else None
 
 
 def messages_stream_usage(head: bytes, tail: bytes) -> Usage | None:

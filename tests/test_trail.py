@@ -205,7 +205,12 @@ def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
     )
     assert stream_usage(tail) == (5, 4, 9)
     assert stream_usage(b'data: {"choices":[],"usage":null}\n\ndata: [DONE]\n\n') is None
-    assert stream_usage(b'cut-off "usage": {"prompt_tokens": 1}') is None
+    # An event that began before the tail (a large `response.completed`): its usage object, whole,
+    # still reads; one cut short does not.
+    assert stream_usage(b'cut-off "usage": {"prompt_tokens": 1}') == (1, None, None)
+    assert stream_usage(b'ff"}],"usage":{"input_tokens":2,"output_tokens":3},"user":null}}\n\n') == (2, 3, 5)
+    assert stream_usage(b'cut-off "usage": {"prompt_tokens": 1') is None
+    assert stream_usage(b'a tool\'s "usage" text, "usage": 5') is None
 
 
 def test_a_token_count_no_request_could_have_is_no_count() -> None:
