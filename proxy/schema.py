@@ -119,9 +119,10 @@ _FALSE_WORDS = frozenset({"false", "0", "no", "off"})
 
 def _parse_int(raw: str, spec: FieldSpec, original: str) -> int:
     # Only plain decimal digits: int() would also take "1_000" and " +5", which no form field shows.
+    # (Past 18 digits no field's range holds it, and past 4,300 int() refuses in its own words.)
     digits = raw[1:] if raw.startswith("-") else raw
-    if not digits.isdecimal() or not digits.isascii():
-        raise ValueError(f"{spec.path}: must be {spec.accepted()} (got {original!r})")
+    if not digits.isdecimal() or not digits.isascii() or len(digits.lstrip("0")) > 18:
+        raise ValueError(f"{spec.path}: must be {spec.accepted()} (got {untrusted.echo(original)!r})")
     return int(raw)
 
 

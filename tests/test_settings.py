@@ -736,3 +736,15 @@ def test_field_parse_reads_cli_text() -> None:
         ValueError, match=r"^providerBreaker.apikey.failureThreshold: must be an integer between 1"
     ):
         field("providerBreaker.apikey.failureThreshold").parse("0")
+
+
+@pytest.mark.parametrize("digits", [19, 5_000])
+def test_a_number_no_range_holds_is_refused_with_the_range_not_pythons_words(digits: int) -> None:
+    """Past 4,300 digits `int()` refused in its own words (`sys.set_int_max_str_digits`), naming
+    neither the field nor its range, and the message quoted every digit (found by a trial)."""
+    with pytest.raises(ValueError) as refused:
+        field("requestQueue.maxWaitMs").parse("9" * digits)
+    said = str(refused.value)
+    assert said.startswith("requestQueue.maxWaitMs: must be an integer between 1 and 30000"), said
+    assert "set_int_max_str_digits" not in said and len(said) < 400
+    assert field("requestQueue.maxWaitMs").parse("0" * 30 + "5") == 5  # leading zeros are no size
