@@ -122,7 +122,7 @@ def rule_from_config(data: Mapping[str, object]) -> RestatementRule:
     return RestatementRule(
         id=rule_id,
         from_statuses=from_statuses,
-        to_status=_status(where, "to", data["to"]),
+        to_status=_error_status(where, data["to"]),
         markers=markers,
         exclude=_texts(where, "exclude", data.get("exclude", ())),
         retry_after_ms=retry_after,
@@ -137,6 +137,14 @@ def _as_list(value: object) -> list[object]:
 def _status(where: str, key: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 100 <= value <= 599:
         raise ValueError(f"{where}: {key!r} must hold HTTP statuses from 100 to 599, got {_said(value)}")
+    return value
+
+
+def _error_status(where: str, value: object) -> int:
+    """`to`: a rule restates which error an upstream's is, and the client is answered with it and the
+    upstream's body; a 1xx, 204 or 304 cannot carry a body, and a 2xx or 3xx would not be an error."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 400 <= value <= 599:
+        raise ValueError(f"{where}: 'to' must be an error status from 400 to 599, got {_said(value)}")
     return value
 
 
