@@ -140,11 +140,28 @@ def _schemas() -> dict[str, Schema]:
                         "code": _STR,
                         "fields": {"type": "array", "items": _ref("FieldError")},
                         "skipped": {"type": "array", "items": _ref("Skip")},
+                        "upstreamError": _ref("UpstreamError"),
                     },
-                    optional=("fields", "skipped"),
+                    optional=("fields", "skipped", "upstreamError"),
                 )
             }
         ),
+        "UpstreamError": {
+            **_obj(
+                {
+                    "connectionId": _STR,
+                    "status": {
+                        **_nullable("integer"),
+                        "description": "null when the upstream never answered",
+                    },
+                    "message": {
+                        **_STR,
+                        "description": "what went wrong, in the upstream's words when it said any",
+                    },
+                }
+            ),
+            "description": "the last of this request's own failed attempts (when it made any)",
+        },
         "AnthropicError": _obj(
             {
                 "type": {"const": "error"},

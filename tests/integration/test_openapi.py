@@ -260,3 +260,19 @@ def test_proxy_answers_fit_the_schemas(
     fits(doc, proxy.get("/api/stats", params={"window": "1h"}), "/api/stats", "get")
     fits(doc, proxy.get("/api/stats", params={"scope": "fleet"}), "/api/stats", "get")
     fits(doc, proxy.get("/api/stats", params={"scope": "world"}), "/api/stats", "get")
+
+
+def test_an_answer_about_a_dead_upstream_fits_the_error_schema(
+    make_instance: Callable[..., Instance],
+) -> None:
+    """It carries `upstreamError` (what the request's own last attempt met), which a closed `Error`
+    schema without it refused: a client validating answers rejected exactly those that say why an
+    upstream is down (found by a docs trial)."""
+    proxy = make_instance()  # provider alpha's upstream refuses connections
+    off = proxy.send("PATCH", "/api/resilience", {"comboCooldownWait": {"enabled": False}})
+    assert off.status_code == 200, off.text
+    response = proxy.send("POST", "/v1/chat/completions", {"model": "alpha/m1", "messages": []})
+    assert response.status_code in (429, 502, 503), response.text
+    assert "connection refused" in response.json()["error"]["message"]
+    assert response.json()["error"]["upstreamError"]["status"] is None
+    fits(document(), response, "/v1/chat/completions", "post")
