@@ -50,7 +50,7 @@ def requests(
         typer.Option(
             "--follow",
             "-f",
-            help="Then print each request as it ends (from the live stream), until Ctrl+C or the instance stops.",
+            help="Print the newest N that ended (at most 200), then each request as it ends (from the live stream), until Ctrl+C or the instance stops.",
         ),
     ] = False,
     json_: JsonOpt = False,
@@ -68,7 +68,7 @@ def requests(
     if follow:
         with connect(url, token, config) as api:
             try:
-                _follow(api.stream(f"{STREAM}?kinds=request"), failed=failed, json_=json_)
+                _follow(api.stream(f"{STREAM}?kinds=request"), failed=failed, json_=json_, newest=limit)
             except KeyboardInterrupt:
                 return
         return
@@ -121,13 +121,19 @@ def where(r: dict[str, Any]) -> str | None:
     return f"{last['provider']}/{last['connectionId']}"
 
 
-def _follow(messages: Iterator[tuple[str, dict[str, Any]]], *, failed: bool, json_: bool) -> None:
-    """Each record once, as it ends: the stream says a record again in a snapshot after a
-    reconnect, and while it is alive. The first snapshot says what ended before following began
-    (`omniroute requests`' to show); a later one is sent in place of what a follower missed (it
-    fell behind, or came back too late to resume), and what it says ended since is printed from it."""
+def _follow(
+    messages: Iterator[tuple[str, dict[str, Any]]], *, failed: bool, json_: bool, newest: int = 0
+) -> None:
+    """The `newest` requests that ended before following began, then each request once, as it
+    ends. Both come from the stream: its first snapshot holds the SNAPSHOT_REQUESTS newest ended
+    ones; a later snapshot is sent in place of what a follower missed (it fell behind, or came back
+    too late to resume), and what it says ended since is printed from it. A record comes again in
+    a snapshot after a reconnect, and while it is alive: each is printed once."""
     printed: deque[str] = deque(maxlen=10_000)
     seen: set[str] = set()
+
+    def shown(record: dict[str, Any]) -> bool:
+        return record.get("state") in (FAILED_STATES if failed else ENDED_STATES)
 
     def once(record: dict[str, Any], *, show: bool = True) -> None:
         rid = record.get("id")
@@ -137,24 +143,32 @@ def _follow(messages: Iterator[tuple[str, dict[str, Any]]], *, failed: bool, jso
             seen.discard(printed[0])
         printed.append(rid)
         seen.add(rid)
-        if not show or (failed and record.get("state") not in FAILED_STATES):
-            return
-        if json_:
-            sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
-        else:
-            _line(record)
+        if show and shown(record):
+            _print_request(record, json_=json_)
 
     began = False
     for kind, data in messages:
         if kind == "snapshot":
-            recent = (data.get("requests") or {}).get("recent") or []
-            for record in recent:  # oldest first
-                if isinstance(record, dict):
-                    once(record, show=began)
-            began = True
+            recent = [r for r in (data.get("requests") or {}).get("recent") or [] if isinstance(r, dict)]
+            if not began:  # the history: the newest few shown, the rest only marked as seen
+                history = [r for r in recent if shown(r)][-newest:] if newest > 0 else []
+                keep = {id(r) for r in history}
+                for record in recent:
+                    once(record, show=id(record) in keep)
+                began = True
+            else:
+                for record in recent:  # oldest first
+                    once(record)
         elif kind == "request":
             once(data)
+
+
+def _print_request(record: dict[str, Any], *, json_: bool) -> None:
+    if json_:
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        _line(record)
 
 
 def _line(r: dict[str, Any]) -> None:

@@ -161,3 +161,22 @@ def test_requests_follow_prints_what_a_later_snapshot_says_ended_and_was_not_pri
     )
     printed = [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()]
     assert printed == ["a", "b", "c", "d"]
+
+
+def test_requests_follow_prints_the_newest_n_first_then_each_as_it_ends(proxy: Instance) -> None:
+    """`--limit` is the history it starts with, as without `--follow` (found by a docs trial: it
+    printed nothing until the next request ended, whatever `--limit` said)."""
+
+    def chat(model: str) -> str:
+        answer = httpx.post(
+            proxy.url + "/v1/chat/completions", json={"model": model, "messages": []}, timeout=10
+        )
+        return answer.headers["x-request-id"]
+
+    chat("alpha/m1")
+    before = chat("alpha/m2")
+    with following(proxy, "requests", "--follow", "--json", "--limit", "1") as follower:
+        assert json.loads(follower.line())["id"] == before  # the newest 1, not the one before it
+        after = chat("alpha/m1")
+        assert json.loads(follower.line())["id"] == after
+        assert follower.lines.empty()
