@@ -79,12 +79,19 @@ def console() -> Console:
 
 KEPT_WIDTH = 48
 """The most cells a kept column takes: a longer name ends in "…". Some of these names are whatever
-a client sent (a model), and one that never wraps would otherwise take the whole width."""
+a client sent (a model), and one that never wraps would otherwise take the whole width. On a
+terminal narrower than 4 x KEPT_WIDTH a kept column takes at most a quarter of it (and at least
+KEPT_MIN_WIDTH cells), so that the columns after it stay readable."""
+KEPT_MIN_WIDTH = 16
+
+
+def kept_width() -> int:
+    return max(KEPT_MIN_WIDTH, min(KEPT_WIDTH, console().width // 4))
 
 
 def table(*columns: str, keep: int = 1, title: str | None = None) -> Table:
     """A borderless table; its first `keep` columns (the names people look for) never wrap, and
-    stop at KEPT_WIDTH cells."""
+    stop at `kept_width()` cells."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -97,9 +104,10 @@ def table(*columns: str, keep: int = 1, title: str | None = None) -> Table:
         title_justify="left",
         pad_edge=False,
     )
+    kept = kept_width()
     for index, header in enumerate(columns):
         if index < keep:
-            t.add_column(header, no_wrap=True, overflow="ellipsis", max_width=KEPT_WIDTH)
+            t.add_column(header, no_wrap=True, overflow="ellipsis", max_width=kept)
         else:
             t.add_column(header)
     return t

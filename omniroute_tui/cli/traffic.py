@@ -198,26 +198,37 @@ def _status(r: dict[str, Any]) -> str:
     return str(state).replace("_", " ")
 
 
+NARROW_REQUESTS = 120
+"""Below this many columns the requests table leaves out Attempts, TTFT and Tokens (`--json` has
+them): at 80 or 100 columns its nine would leave each a few cells, and no row readable."""
+
+
 def _requests_table(rows: list[dict[str, Any]], failed: bool) -> RenderableType | None:
     if not rows:
         note("No failed request in the trail." if failed else "No request in the trail yet.")
         return None
-    t = table("Time", "Id", "Model", "Went to", "Attempts", "Status", "Duration", "TTFT", "Tokens", keep=3)
+    full = console().width >= NARROW_REQUESTS
+    headers = ["Time", "Id", "Model", "Went to", "Attempts", "Status", "Duration", "TTFT", "Tokens"]
+    shown = [h for h in headers if full or h not in ("Attempts", "TTFT", "Tokens")]
+    t = table(*shown, keep=4)
+    status = t.columns[shown.index("Status")]
+    status.no_wrap, status.overflow = True, "ellipsis"  # one line a request: its code ends in "…"
     for r in rows:
         usage = r.get("usage") or {}
         state = r["state"]
         style = {"failed": "red", "client_gone": "dim"}.get(state, "" if r.get("endedAt") else "cyan")
-        t.add_row(
-            cell(fmt.clock_time(epoch_ms(r.get("startedAt")))),
-            cell(r["id"][:8]),
-            cell(r.get("modelAsked")),
-            cell(where(r)),
-            cell(len(r.get("attempts") or [])),
-            cell(_status(r), style),
-            cell(fmt.latency(r.get("durationMs")) if r.get("durationMs") is not None else None),
-            cell(fmt.latency(r.get("ttftMs")) if r.get("ttftMs") is not None else None),
-            cell(usage.get("totalTokens")),
-        )
+        cells = {
+            "Time": cell(fmt.clock_time(epoch_ms(r.get("startedAt")))),
+            "Id": cell(r["id"][:8]),
+            "Model": cell(r.get("modelAsked")),
+            "Went to": cell(where(r)),
+            "Attempts": cell(len(r.get("attempts") or [])),
+            "Status": cell(_status(r), style),
+            "Duration": cell(fmt.latency(r.get("durationMs")) if r.get("durationMs") is not None else None),
+            "TTFT": cell(fmt.latency(r.get("ttftMs")) if r.get("ttftMs") is not None else None),
+            "Tokens": cell(usage.get("totalTokens")),
+        }
+        t.add_row(*(cells[h] for h in shown))
     return t
 
 
