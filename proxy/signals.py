@@ -43,6 +43,11 @@ if sys.platform == "win32":
 else:
     STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
+INHERITED_IGNORE = frozenset(STOP_SIGNALS) - {signal.SIGTERM}
+"""Stop signals that stay ignored when the process started with them ignored (POSIX convention:
+`nohup` ignores SIGHUP so that closing the terminal leaves the program running, and a shell starts
+a background job with SIGINT ignored). SIGTERM always stops it."""
+
 DEADLINE_EXIT_CODE = 1
 """The clean stop did not finish in time: something failed that the operator cannot fix."""
 
@@ -77,6 +82,8 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # the only thread that may
             for sig in STOP_SIGNALS:
+                if sig in INHERITED_IGNORE and signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # `nohup`, a shell's background job: whoever started it said so
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -190,8 +190,14 @@ class Terminal:
         self.close()
 
 
-def start_headless(args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`omniroute ARGS` with no terminal at all (as systemd runs it); stderr is kept for the test."""
+def start_headless(
+    args: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], object] | None = None,
+) -> subprocess.Popen[bytes]:
+    """`omniroute ARGS` with no terminal at all (as systemd runs it); stderr is kept for the test.
+    `preexec_fn`: what the parent does before it runs (`nohup` ignores SIGHUP)."""
     return subprocess.Popen(
         [sys.executable, "-c", OMNIROUTE, *args],
         stdin=subprocess.DEVNULL,
@@ -200,6 +206,7 @@ def start_headless(args: Sequence[str], *, env: dict[str, str] | None = None) ->
         start_new_session=True,
         env=env if env is not None else environment(),
         cwd=ROOT,
+        preexec_fn=preexec_fn,
     )
 
 

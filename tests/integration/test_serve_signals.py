@@ -50,8 +50,8 @@ class Serve:
         self.args = ["serve", "--config", str(config), "--state", str(self.state), "--port", str(self.port)]
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> subprocess.Popen[bytes]:
-        proc = self.proc = start_headless(self.args)
+    def start(self, preexec_fn: Callable[[], object] | None = None) -> subprocess.Popen[bytes]:
+        proc = self.proc = start_headless(self.args, preexec_fn=preexec_fn)
         wait_for(lambda: serving(self.port) or proc.poll() is not None, STARTUP_S, "the proxy serving")
         assert proc.poll() is None, stderr_of(proc)
         return proc
@@ -109,6 +109,25 @@ def test_serve_stops_when_its_terminal_closes(serves: Callable[..., Serve]) -> N
         assert term.proc.poll() is None, bytes(term.screen)
         term.hang_up()
         assert exit_code(term.proc, STOP_S) == 0
+    instance.assert_closed_cleanly()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_ignored_when_it_started_stays_ignored(
+    serves: Callable[..., Serve], sig: signal.Signals
+) -> None:
+    """`nohup omniroute serve &` starts it with SIGHUP ignored (and a shell's background job has
+    SIGINT ignored): by POSIX convention a program keeps that, so closing the terminal leaves the
+    proxy serving. It stopped ("SIGHUP: stopping"; found by a lifecycle trial). SIGTERM still stops it."""
+    instance = serves()
+    proc = instance.start(preexec_fn=lambda: signal.signal(sig, signal.SIG_IGN))
+    proc.send_signal(sig)
+    clock = time.monotonic() + 1.0
+    while time.monotonic() < clock:  # a stop closes the port at once
+        assert proc.poll() is None and serving(instance.port), f"it stopped on {sig.name}"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert exit_code(proc, STOP_S) == 0
     instance.assert_closed_cleanly()
 
 
