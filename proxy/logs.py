@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Final, Literal, TextIO
 
@@ -54,11 +56,101 @@ def set_level(level: Level) -> None:
 
 def configure(level: Level = "info", fmt: Format = "text", stream: TextIO | None = None) -> None:
     """One handler on the root logger writing `fmt` lines to `stream` (stderr), at `level`."""
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = BackgroundHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, BackgroundHandler):
+            old.close()
     root.handlers = [handler]
     set_level(level)
+
+
+QUEUED_LINES: Final = 10_000
+"""The most log lines waiting for a reader that does not keep up; past it they are dropped, counted."""
+FLUSH_S: Final = 0.5
+"""How long `flush` (and the interpreter's exit, through `logging.shutdown`) waits for the lines
+still queued: a reader that stopped reading must not hold up a clean stop."""
+
+
+class BackgroundHandler(logging.Handler):
+    """Writes the log's lines to `stream` from a thread of its own.
+
+    The log is written where the operator points stderr: a terminal, a file, or a pipe to whatever
+    reads it (`| tee`, a log shipper, `2>&1 | less` left paused). A reader that stops reading fills
+    the pipe, and a write to a full pipe blocks: written from the event loop, every log line would
+    stop the proxy for as long as the reader sleeps. Here the loop only queues the line; a reader
+    that never comes back costs QUEUED_LINES lines of memory, then lines dropped and counted (the
+    count is written where the gap is, once lines go through again)."""
+
+    def __init__(self, stream: TextIO, capacity: int = QUEUED_LINES) -> None:
+        super().__init__()
+        self.stream = stream
+        self._capacity = capacity
+        self._lines: deque[str] = deque()
+        self._dropped = 0
+        self._writing = False
+        self._closed = False
+        self._changed = threading.Condition(threading.Lock())
+        threading.Thread(target=self._write_lines, name="omniroute-log", daemon=True).start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except Exception:
+            self.handleError(record)
+            return
+        with self._changed:
+            if self._dropped and len(self._lines) + 2 <= self._capacity:
+                self._lines.append(self._gap(self._dropped))
+                self._dropped = 0
+            if self._dropped or len(self._lines) >= self._capacity:
+                self._dropped += 1
+                return
+            self._lines.append(line)
+            self._changed.notify_all()
+
+    def _gap(self, dropped: int) -> str:
+        notice = logging.makeLogRecord(
+            {
+                "name": "omniroute",
+                "levelno": logging.WARNING,
+                "levelname": "WARNING",
+                "msg": f"{dropped} log line{'s' if dropped != 1 else ''} dropped here: the log's reader did not keep up",
+            }
+        )
+        return self.format(notice) + "\n"
+
+    def _write_lines(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._lines) or self._closed)
+                if not self._lines:
+                    return  # closed, and everything written
+                text = "".join(self._lines)
+                self._lines.clear()
+                self._writing = True
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except Exception:  # a stream that fails every write (a closed pipe): nothing to tell
+                pass
+            finally:
+                with self._changed:
+                    self._writing = False
+                    self._changed.notify_all()
+
+    def flush(self, timeout: float = FLUSH_S) -> None:
+        """Wait until the lines queued so far are written, or `timeout` passed."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._lines and not self._writing, timeout)
+
+    def close(self) -> None:
+        self.flush()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        super().close()
 
 
 def uvicorn_level() -> str:

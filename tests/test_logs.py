@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,9 @@ def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
     root.handlers, root.level = handlers, level
 
 
@@ -28,7 +32,14 @@ def published(*events: Event, fmt: logs.Format = "text", level: logs.Level = "in
     unsubscribe = logs.log_events(bus)
     bus.publish_all(list(events))
     unsubscribe()
+    written()
     return stream.getvalue().splitlines()
+
+
+def written() -> None:
+    """What was logged is written (the handler writes from a thread of its own)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
 
 
 def test_every_layer_is_one_line() -> None:
@@ -80,6 +91,7 @@ def test_json_lines_for_ordinary_records_and_exceptions() -> None:
         raise ValueError("boom")
     except ValueError:
         logging.getLogger("omniroute").exception("could not persist")
+    written()
     record = json.loads(stream.getvalue())
     assert (record["level"], record["logger"], record["message"]) == (
         "ERROR",
@@ -106,3 +118,48 @@ def test_uvicorn_follows_the_level_but_keeps_its_start_chatter_out_of_info(
 ) -> None:
     logs.set_level(level)
     assert logs.uvicorn_level() == uvicorn
+
+
+class _FullPipe(io.StringIO):
+    """A stream whose reader stopped reading: every write blocks until `resume` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resume = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.resume.wait()
+        return super().write(text)
+
+
+def test_a_reader_that_stops_reading_never_blocks_the_logger_and_is_told_what_it_missed() -> None:
+    """A write to a full pipe blocks; written from the event loop, one log line stopped the proxy
+    until the reader came back (`omniroute serve 2>&1 | less`, paused; found by a lifecycle trial)."""
+    stream = _FullPipe()
+    handler = logs.BackgroundHandler(stream, capacity=10)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("omniroute.test-full-pipe")
+    log.propagate, log.handlers = False, [handler]
+    try:
+        done = threading.Event()
+
+        def lines() -> None:
+            for n in range(100):
+                log.warning("line %d", n)
+            done.set()
+
+        threading.Thread(target=lines, daemon=True).start()
+        assert done.wait(5), "logging blocked on a stream nobody reads"
+        stream.resume.set()
+        handler.flush(5)  # the reader is back, and has read what was queued
+        log.warning("after")
+        handler.flush(5)
+        got = stream.getvalue().splitlines()
+        assert "line 0" in got[:2] and "line 99" not in got
+        assert got[-2:] == [
+            f"{100 - len(got) + 2} log lines dropped here: the log's reader did not keep up",
+            "after",
+        ]
+    finally:
+        log.handlers = []
+        handler.close()
