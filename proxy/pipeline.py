@@ -683,6 +683,15 @@ class Pipeline:
                     headers=headers,
                 )
             except UpstreamFailure as failure:
+                if failure.outcome.kind is OutcomeKind.LOCAL_REJECTION:  # this process is out of something
+                    scope.finish(failure.outcome)
+                    return _answer(
+                        progress,
+                        503,
+                        failure.outcome.error or "the proxy is out of resources",
+                        "proxy_out_of_resources",
+                        headers={**headers, "retry-after": "1"},
+                    )
                 self._failed(scope, failure.outcome, progress, headers)
                 return None
 

@@ -9,11 +9,12 @@ the only place where aiohttp exceptions are translated.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -473,9 +474,19 @@ def _current_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any]:
     return task
 
 
+SHORTAGES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""The errors that say this process (or machine) is out of something, not that the upstream failed:
+no descriptor left for a socket (a low `ulimit -n` under a busy agent), no buffer, no memory."""
+
+
 def _network_outcome(exc: BaseException) -> Outcome:
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return IDLE
+    local = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(local, OSError) and local.errno in SHORTAGES:
+        # Counts against no layer: a healthy upstream must not be cooled, nor its breaker opened,
+        # for what this process lacks.
+        return Outcome.local(f"the proxy could not open a connection: {os.strerror(local.errno).lower()}")
     if isinstance(exc, aiohttp.ClientConnectorError):
         # In words: "connection refused", not aiohttp's "Connect call failed ('127.0.0.1', 11434)".
         os_error = exc.os_error
