@@ -1,9 +1,11 @@
 """Time for the engine: one injectable clock, in epoch milliseconds.
 
 Every rule takes `now` from a `Clock` so that tests move time by hand and never sleep.
-`SystemClock` anchors the monotonic clock to the wall clock once at start: readings never jump
+`SystemClock` anchors a monotonic clock to the wall clock once at start: readings never jump
 backwards within a process (NTP steps cannot reorder deadlines), and they are still epoch
-milliseconds, so deadlines can be persisted and read back after a restart.
+milliseconds, so deadlines can be persisted and read back after a restart. Where there is one, the
+monotonic clock is the one that counts the time the machine was suspended (Linux's
+CLOCK_BOOTTIME): a laptop that slept a night must not be a night behind the wall clock.
 
 The few places that must wait for a moment (the cooldown-aware retry, the slot wait's timeout,
 the request queue's pacing and its execution deadline) wait on the same clock, through
@@ -20,7 +22,6 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from time import monotonic as _monotonic
 from types import TracebackType
 from typing import Protocol
 
@@ -43,21 +44,35 @@ class Clock(Protocol):
         ...
 
 
+_BOOTTIME: int = getattr(time, "CLOCK_BOOTTIME", -1)
+"""Linux's monotonic clock that counts suspended time (-1 where there is none: a suspend is then
+not counted, as with `time.monotonic`)."""
+
+
 class SystemClock:
     def __init__(self) -> None:
         # The wall clock's distance from the monotonic one, taken once: a reading is then one
         # addition (a request reads the clock half a dozen times).
-        self._offset = time.time() * 1000.0 - time.monotonic() * 1000.0
+        self._offset = 0.0
+        self._offset = time.time() * 1000.0 - self.now()
 
-    def now(self) -> float:
-        return _monotonic() * 1000.0 + self._offset
+    if _BOOTTIME >= 0:  # (chosen once: a reading is one call)
+
+        def now(self) -> float:
+            return time.clock_gettime(_BOOTTIME) * 1000.0 + self._offset
+
+    else:
+
+        def now(self) -> float:
+            return time.monotonic() * 1000.0 + self._offset
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         return _LoopTimer(self, asyncio.get_running_loop(), when, callback)
 
 
 class _LoopTimer:
-    """A loop timer for `SystemClock`: loop time and this clock both run on the monotonic clock."""
+    """A loop timer for `SystemClock`. The loop's time does not count a suspend and this clock does:
+    a timer set before the machine slept fires when the loop's wait ends, and then the clock decides."""
 
     __slots__ = ("_callback", "_clock", "_handle", "_loop", "_when")
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from email.utils import formatdate
 
 import pytest
 
 from proxy.resilience.clock import FakeClock, SystemClock, sleep_until, timeout_at
+from proxy.resilience.hints import parse_retry_hint
 
 
 async def _spin(turns: int = 5) -> None:
@@ -111,3 +114,55 @@ def test_the_system_clock_reads_epoch_milliseconds_and_never_goes_back() -> None
     before = clock.now()
     time.sleep(0.02)
     assert 15.0 <= clock.now() - before < 1_000.0
+
+
+# -- a laptop that sleeps (found by a lifecycle trial) ------------------------------------------------
+# time.monotonic() is CLOCK_MONOTONIC, which stops while the machine is suspended: a clock anchored
+# to it once is behind the wall clock by every night slept, and whatever it computes from a wall
+# time (a Retry-After date, an epoch reset) is off by as much.
+
+SLEPT_S = 8 * 3600.0
+"""A night with the lid closed."""
+
+
+def _suspend(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """From now on the machine has been asleep for `seconds`: CLOCK_REALTIME and CLOCK_BOOTTIME
+    moved on by that much while it slept, CLOCK_MONOTONIC (time.monotonic) did not."""
+    real_time, real_time_ns = time.time, time.time_ns
+    real_gettime, real_gettime_ns = time.clock_gettime, time.clock_gettime_ns
+    jumped = {time.CLOCK_REALTIME, getattr(time, "CLOCK_BOOTTIME", time.CLOCK_REALTIME)}
+    monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + int(seconds * 1e9))
+    monkeypatch.setattr(
+        time, "clock_gettime", lambda clk: real_gettime(clk) + (seconds if clk in jumped else 0.0)
+    )
+    monkeypatch.setattr(
+        time,
+        "clock_gettime_ns",
+        lambda clk: real_gettime_ns(clk) + (int(seconds * 1e9) if clk in jumped else 0),
+    )
+
+
+def test_the_clock_reads_the_wall_clock_after_the_machine_slept(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SystemClock()
+    before = clock.now()
+    _suspend(monkeypatch, SLEPT_S)
+    now = clock.now()
+    assert now >= before  # never backwards
+    wall = time.time() * 1000.0
+    assert abs(now - wall) < 5_000, (
+        f"after {SLEPT_S / 3600:g} h asleep the engine's clock is {(wall - now) / 3_600_000:.2f} h"
+        " behind the wall clock: its deadlines are no longer epoch milliseconds"
+    )
+
+
+def test_a_retry_after_date_30_s_ahead_is_a_30_s_wait_after_the_machine_slept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = SystemClock()
+    _suspend(monkeypatch, SLEPT_S)
+    # The upstream, on the real (wall) time, says: come back in 30 s.
+    headers = {"retry-after": formatdate(time.time() + 30, usegmt=True)}
+    hint = parse_retry_hint(headers, "", clock.now())
+    assert hint is not None
+    assert hint <= 35_000, f"a 30 s Retry-After cools the connection for {hint / 3_600_000:.2f} h"
