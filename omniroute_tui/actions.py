@@ -21,6 +21,11 @@ Scope = Literal["row", "shown", "all"]
 SOURCE = "tui"
 
 
+class NotSaved(Exception):
+    """An action that was done and is in effect, but that the state store refused to keep: its
+    message says so, and why (a restart would undo it)."""
+
+
 class Operator(Protocol):
     """The engine's operator commands, the only writes an action makes (the engine satisfies it)."""
 

@@ -49,7 +49,7 @@ from omniroute_tui.widgets.tables import (
 )
 from proxy import serve
 from proxy.readmodel import Observed
-from proxy.runtime import Runtime
+from proxy.runtime import Runtime, not_saved
 from proxy.signals import StopSignals
 
 log = logging.getLogger("omniroute.tui")
@@ -439,7 +439,9 @@ class OmniRouteApp(App[int]):
             return await asyncio.to_thread(actions.apply, self.read, self.operator, action)
         result = actions.apply(self.read, self.operator, action)
         if self.runtime is not None:  # said done once on disk, as the API answers it
-            await self.runtime.acknowledge()
+            problem = await self.runtime.acknowledge()
+            if problem is not None:
+                raise actions.NotSaved(not_saved(problem))
         return result
 
     @on(Worker.StateChanged)
@@ -463,13 +465,20 @@ class OmniRouteApp(App[int]):
                 self.feed.request()
             else:
                 # A refusal or an unreachable instance is told in words; anything else by its kind.
-                said = str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
+                said = (
+                    str(error)
+                    if isinstance(error, RemoteError | actions.NotSaved)
+                    else f"{type(error).__name__}: {error}"
+                )
+                unsaved = isinstance(error, actions.NotSaved)  # done all the same: shown as it is now
                 self.notify(
                     untrusted.visible(said),
-                    title="Action failed",
+                    title="Not saved" if unsaved else "Action failed",
                     severity="error",
                     markup=False,
                 )
+                if unsaved:
+                    self.feed.request()
 
     def table_action(self, tab: str, action: str) -> None:
         """Run a table's key from elsewhere (the command palette): show the tab, then act, asking

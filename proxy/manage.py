@@ -22,7 +22,7 @@ from proxy.openapi import openapi_route
 from proxy.readmodel import DEFAULT_REQUESTS_LIMIT, DEFAULT_WINDOW, MAX_REQUESTS_LIMIT, STATS_SCOPES, WINDOWS
 from proxy.resilience.errors import FieldError, SettingsError
 from proxy.responses import error_response, json_response
-from proxy.runtime import Runtime
+from proxy.runtime import Runtime, not_saved
 from proxy.settings import SettingsContended
 from proxy.store import StoreError
 from proxy.stream import KINDS as STREAM_KINDS
@@ -196,8 +196,11 @@ def management_routes(runtime: Runtime) -> list[Route]:
             raise _Rejected(404, f"no provider '{untrusted.echo(provider)}'")
 
     async def acknowledged(answer: dict[str, object]) -> Response:
-        """An operator action's answer, once what it changed is on disk (`Runtime.acknowledge`)."""
-        await runtime.acknowledge()
+        """An operator action's answer, once what it changed is on disk (`Runtime.acknowledge`); a
+        500 `action_not_saved` when the store refused it: done, but not durable."""
+        problem = await runtime.acknowledge()
+        if problem is not None:
+            return error_response(500, not_saved(problem), "action_not_saved")
         return json_response(answer)
 
     # -- health and breakers ------------------------------------------------------------------

@@ -51,6 +51,13 @@ log = logging.getLogger("omniroute")
 PERSIST_INTERVAL_S = 0.25
 ACK_FLUSH_S = 5.0
 """The longest an operator's action waits for the disk before it is answered (`acknowledge`)."""
+
+
+def not_saved(problem: str) -> str:
+    """What an operator is told of an action the store refused: it is in effect all the same."""
+    return f"done and in effect, but not saved: {problem}; a restart would undo it"
+
+
 SETTINGS_TRIES = 5
 """How often a settings change is merged onto a newer document and written again before it gives
 up (`SettingsContended`): each try of a fleet's replica waits up to a second for that document."""
@@ -228,13 +235,17 @@ class Runtime:
         self.engine.persist()
         self.owners.persist()
 
-    async def acknowledge(self) -> None:
+    async def acknowledge(self) -> str | None:
         """Before an operator's action is answered: what it changed is on disk, so that a crash
         right after the answer keeps it (the write-behind would take up to PERSIST_INTERVAL_S and
-        the writer's commit). A store that does not answer in ACK_FLUSH_S leaves the action live in
-        memory and answered all the same: it reports its own errors."""
+        the writer's commit). None when it is; else why not, when the store refused it (a full
+        disk, a state file removed under the instance): the action is live, but a restart would
+        lose it, and its answer must say so. A store that only did not answer in ACK_FLUSH_S (a
+        slow disk) leaves the action answered all the same: it reports its own errors."""
         self._persist()
-        await asyncio.to_thread(self.store.flush, ACK_FLUSH_S)
+        if await asyncio.to_thread(self.store.flush, ACK_FLUSH_S):
+            return None
+        return self.store.write_problem
 
     # ------------------------------------------------------------------ the fleet's statistics
 

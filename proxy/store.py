@@ -144,7 +144,13 @@ class StateStore(Protocol):
         ...
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Block until everything queued so far is committed; False if that did not happen in time."""
+        """Block until everything queued so far is committed; False if that did not happen in time,
+        or a write failed meanwhile (then `write_problem` says why)."""
+        ...
+
+    @property
+    def write_problem(self) -> str | None:
+        """Why the last write failed, in words; None while writes succeed."""
         ...
 
     def purge(self, finds: Callable[[str], bool]) -> bool:
@@ -245,6 +251,10 @@ class MemoryStore:
     def flush(self, timeout: float = 5.0) -> bool:
         return True
 
+    @property
+    def write_problem(self) -> str | None:
+        return None
+
     def purge(self, finds: Callable[[str], bool]) -> bool:
         return False  # nothing is left over: an overwritten row is gone with its string
 
@@ -325,6 +335,9 @@ class SqliteStore:
         if blocker is not None:
             raise StoreError(_not_writable(self.path, blocker, None))
         self._fg = self._connect(synchronous="FULL", prepare=True)
+        self._identity = _identity(self.path)
+        """The file this store opened: a path that leads elsewhere later (the file removed or replaced
+        while the instance runs) would take every later write into a file no start reads."""
         self._fg_lock = threading.Lock()
         try:
             self._writer_db = self._connect(synchronous="NORMAL", prepare=False)
@@ -347,9 +360,25 @@ class SqliteStore:
         self._flush_wanted = False
         self._closed = False
         self._rows_written = 0
+        self._failures = 0  # failed batches so far: a flush waiting for a failing writer gives up
+        self._problem: str | None = None
 
         self._thread = threading.Thread(target=self._run, name="omniroute-state-writer", daemon=True)
         self._thread.start()
+
+    @property
+    def write_problem(self) -> str | None:
+        with self._cond:
+            return self._problem
+
+    def _moved(self) -> str | None:
+        """Why the path no longer leads to the file this store writes, if it does not."""
+        if _identity(self.path) == self._identity:
+            return None
+        return (
+            "the state file was removed or replaced while the instance ran: nothing written now would"
+            " be read by the next start (restart the instance to start a new state file)"
+        )
 
     @property
     def rows_written(self) -> int:
@@ -480,6 +509,9 @@ class SqliteStore:
         with self._fg_lock:
             if self._closed:
                 raise StoreError("state store is closed")
+            moved = self._moved()
+            if moved is not None:
+                raise StoreError(f"{self.path}: cannot save settings: {moved}")
             try:
                 self._fg.execute("INSERT OR REPLACE INTO settings (id, data) VALUES (1, ?)", (text,))
             except sqlite3.Error as exc:
@@ -555,7 +587,11 @@ class SqliteStore:
                 return True
             self._flush_wanted = True
             self._cond.notify_all()
-            return self._cond.wait_for(lambda: self._committed >= target, timeout=timeout)
+            failures = self._failures
+            self._cond.wait_for(
+                lambda: self._committed >= target or self._failures > failures, timeout=timeout
+            )
+            return self._committed >= target
 
     def purge(self, finds: Callable[[str], bool]) -> bool:
         """Rebuild the file (VACUUM) and empty the WAL into it when its bytes, free pages and WAL
@@ -616,8 +652,11 @@ class SqliteStore:
                     if batch is not None:
                         self._committed = batch.seq
                         self._rows_written += batch.size()
+                        self._problem = None
                 else:
                     self._restore(batch)
+                    self._failures += 1
+                    self._problem = _reason(error)
                 if not self._dirty:
                     self._flush_wanted = False
                 self._cond.notify_all()
@@ -669,6 +708,9 @@ class SqliteStore:
         pins = [(key, *pin) for key, pin in pin_rows.items() if pin is not None]
         pin_deletes = [(key,) for key, pin in pin_rows.items() if pin is None]
         meta = self._bindable(batch.meta)
+        moved = self._moved()
+        if moved is not None:
+            return sqlite3.OperationalError(moved)
         db = self._writer_db
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -728,6 +770,15 @@ class _FailureLog:
         if self.reason is not None:
             _log.warning("%s: state writes work again after %d failed", self.path, self.count)
             self.reason, self.count = None, 0
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`; None when there is none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
 
 
 def _primary_code(exc: sqlite3.Error) -> int | None:

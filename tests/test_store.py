@@ -493,3 +493,27 @@ def test_a_key_that_is_not_utf8_text_is_dropped_and_the_writer_lives_on(
     assert read(db_path, "SELECT model FROM lockouts") == [("ok",)]
     assert read(db_path, "SELECT provider FROM breakers") == [("openai",)]
     assert "not UTF-8 text" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_state_file_removed_or_replaced_under_the_store_refuses_what_it_cannot_keep(
+    db_path: Path, how: str
+) -> None:
+    """Written through the descriptor it opened, every later change went into a file no start reads,
+    and was acknowledged (`rm state.db*` to start afresh, `mv state.db state.db.bak`; found by a
+    lifecycle trial). Now the store notices: settings are refused, a flush says it failed, and why."""
+    store = SqliteStore(db_path, batch_interval=0.01)
+    try:
+        for name in (db_path.name, f"{db_path.name}-wal", f"{db_path.name}-shm"):
+            (db_path.parent / name).unlink(missing_ok=True)
+        if how == "replaced":
+            SqliteStore(db_path).close()  # another file at the same path
+        with pytest.raises(StoreError, match="removed or replaced while the instance ran"):
+            store.save_settings({"x": 1})
+        store.save_breakers({"p": {"state": "OPEN"}})
+        started = time.monotonic()
+        assert store.flush(5.0) is False
+        assert time.monotonic() - started < 2.0  # a refusal is said at once, not after the timeout
+        assert store.write_problem is not None and "removed or replaced" in store.write_problem
+    finally:
+        store.close()

@@ -402,6 +402,10 @@ class FleetState:
     def flush(self, timeout: float = 5.0) -> bool:
         return True
 
+    @property
+    def write_problem(self) -> str | None:
+        return None
+
     def purge(self, finds: Callable[[str], bool]) -> bool:
         return False
 
