@@ -125,7 +125,7 @@ class Runtime:
         self.owners = ResponseOwners(self.clock, store)
         """Which connection created each Responses API response (for its follow-up routes)."""
         self.owners.take(stored.pins, self.engine.connections)  # before the engine reads the pins
-        self.engine.restore(stored)
+        self.engine.restore(stored, rewind=not config.state.shared)
         self.fleet: FleetState | None = None
         """The Redis backend this replica shares its resilience state through (None: SQLite)."""
         if config.state.shared:

@@ -435,3 +435,64 @@ def test_a_target_locked_only_for_not_found_is_not_found_not_waitable() -> None:
     both = engine.select([Target("openai", "made-up"), Target("ollama", "made-up")])
     assert isinstance(both, NoTarget)
     assert both.not_found_only is False
+
+
+# -- a clock stepped back between two runs (found by a lifecycle trial) ---------------------------------
+# A laptop that booted with its clock two hours ahead (a dual-boot's RTC in local time, NTP not yet
+# synchronised when the user service started) opens a breaker and cools a key; NTP then steps the
+# clock back, and the service restarts (a reboot, an upgrade). The stored deadlines are "counted
+# from when it opened", which is now two hours in the future: the provider stays OPEN and the key
+# cooling for two hours, until an operator resets them by hand. A stored time later than the
+# clock can only come from a clock that moved back; restoring it should not outlast what the
+# policy could ever have set from now.
+
+STEPPED_BACK_MS = 2 * 3_600_000.0
+LONGEST_PLAUSIBLE_MS = 5 * 60_000.0
+"""Far above one breaker reset (15 s for a local provider) or one cooldown (3 s for an API key)."""
+
+
+def test_deadlines_written_by_a_clock_that_was_ahead_do_not_outlast_it(tmp_path: Path) -> None:
+    ahead = FakeClock(1_767_225_600_000.0 + STEPPED_BACK_MS)
+    store = SqliteStore(tmp_path / "state.db")
+    engine = make_engine(ahead, store)
+    open_ollama_breaker(engine, ahead)
+    engine.record(pick(engine, Target("openai", "gpt-4o", "oa-2")), Outcome.http(503))  # oa-2 cools 3 s
+    engine.persist()
+    assert store.flush()
+    store.close()
+
+    corrected = FakeClock(1_767_225_600_000.0 + 5_000)  # the restart, once NTP stepped the clock back
+    store = SqliteStore(tmp_path / "state.db")
+    try:
+        stored = store.load()
+        restarted = make_engine(corrected, store)
+        restarted.restore(stored)
+        view = ReadModel(restarted, restarted.bus, "test")
+        breaker = next(b for b in view.breakers_api() if b["provider"] == "ollama")
+        cooling = next(c for c in view.connections_api() if c["id"] == "oa-2")
+        assert breaker["retryAfterMs"] <= LONGEST_PLAUSIBLE_MS, (
+            f"breaker OPEN for {breaker['retryAfterMs'] / 3_600_000:.2f} h after the clock stepped back"
+        )
+        assert cooling["cooldownRemainingMs"] <= LONGEST_PLAUSIBLE_MS, (
+            f"key cooling for {cooling['cooldownRemainingMs'] / 3_600_000:.2f} h after the clock stepped back"
+        )
+    finally:
+        store.close()
+
+
+def test_stored_times_are_moved_back_only_when_the_clock_went_back_since() -> None:
+    from proxy.engine.persistence import rewound
+    from proxy.store import StoredState
+
+    now = 1_767_225_600_000.0
+    cooling = {"last_error_at": now - 500.0, "rate_limited_until": now + 3_000.0, "status": "cooling"}
+    state = StoredState(connections={"k": cooling}, pins={"s": ("k", now + 60_000.0)})
+    assert rewound(state, now) is state  # nothing happened in the future: as written
+    later = {"last_error_at": now + 3_600_000.0, "rate_limited_until": now + 3_603_000.0, "status": "cooling"}
+    moved = rewound(StoredState(connections={"k": later}, pins={"s": ("k", now + 3_660_000.0)}), now)
+    assert moved.connections["k"] == {
+        "last_error_at": now,
+        "rate_limited_until": now + 3_000.0,
+        "status": "cooling",
+    }
+    assert moved.pins == {"s": ("k", now + 60_000.0)}

@@ -186,9 +186,11 @@ class Engine:
 
     # -- persistence (persistence.py) ----------------------------------------------------------
 
-    def restore(self, state: StoredState) -> None:
-        """Load persisted state (at start, before traffic). Emits nothing; BadRecord names a refused row."""
-        self._persistence.restore(state)
+    def restore(self, state: StoredState, *, rewind: bool = True) -> None:
+        """Load persisted state (at start, before traffic). Emits nothing; BadRecord names a refused row.
+        `rewind`: move its times back by as much as this clock went back since it wrote them
+        (`persistence.rewound`); not for a fleet's state, which other machines' clocks wrote."""
+        self._persistence.restore(state, rewind=rewind)
 
     def persist(self) -> None:
         """Hand every dirty snapshot to the store (cheap: the store's writer thread commits)."""

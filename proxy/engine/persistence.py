@@ -8,6 +8,8 @@ loads them back at start, before traffic, and names the table and row of any rec
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -17,18 +19,22 @@ from proxy.resilience.breaker import CircuitBreaker
 from proxy.resilience.lockout import LockoutEntry
 from proxy.store import BadRecord, StateStore, StoredState
 
+log = logging.getLogger("omniroute")
+
 
 class Persistence(EnginePart):
     def __init__(self, layers: Layers, store: StateStore) -> None:
         super().__init__(layers)
         self.store = store
 
-    def restore(self, state: StoredState) -> None:
+    def restore(self, state: StoredState, *, rewind: bool = True) -> None:
         """Load persisted state (at start, before traffic). Emits nothing.
 
         A record a layer refuses raises BadRecord naming its table and row, so that the operator
         learns which row of which file to fix instead of reading a bare ValueError.
         """
+        if rewind:  # (not a fleet's shared state: other machines' clocks wrote it)
+            state = rewound(state, self.clock.now())
         layers = self._layers
         for provider_id, record in state.breakers.items():
             runtime = self.providers.get(provider_id)
@@ -100,3 +106,51 @@ def _stored(table: str, row: str) -> Iterator[None]:
         yield
     except ValueError as exc:
         raise BadRecord(table, repr(row), str(exc)) from None
+
+
+EVENT_TIMES = ("opened_at", "last_failure_at", "last_transition_at", "last_error_at", "locked_at")
+"""The fields of stored records that say when something happened (the others ending in `_at` or
+`_until` are deadlines): none can be later than now, unless the clock went back since."""
+CLOCK_SLACK_MS = 1_000.0
+
+
+def rewound(state: StoredState, now: float) -> StoredState:
+    """`state` with every stored time moved back by as much as the clock went back since it was
+    written. A time something happened that lies in the future can only come from a clock that was
+    ahead then (a dual-boot's hardware clock in local time, corrected by NTP before a restart):
+    restored as they are, its deadlines (an OPEN breaker's, a cooldown's, a lockout's) would
+    outlast the correction by as much, hours, until an operator reset them by hand."""
+    records = [*state.breakers.values(), *state.connections.values(), *state.lockouts]
+    latest = max(
+        (
+            v
+            for r in records
+            for k in EVENT_TIMES
+            if isinstance(v := r.get(k), int | float) and not isinstance(v, bool)
+        ),
+        default=now,
+    )
+    ahead = latest - now
+    if ahead <= CLOCK_SLACK_MS:
+        return state
+    log.warning(
+        "the state file holds times up to %.0f s ahead of the clock (it went back since they were"
+        " written): its deadlines are moved back by as much",
+        ahead / 1000,
+    )
+
+    def back(record: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: v - ahead
+            if (k.endswith(("_at", "_until")) and isinstance(v, int | float) and not isinstance(v, bool))
+            else v
+            for k, v in record.items()
+        }
+
+    return dataclasses.replace(
+        state,
+        breakers={k: back(r) for k, r in state.breakers.items()},
+        connections={k: back(r) for k, r in state.connections.items()},
+        lockouts=[back(r) for r in state.lockouts],
+        pins={k: (c, e - ahead) for k, (c, e) in state.pins.items()},
+    )
