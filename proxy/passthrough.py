@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import untrusted
-from proxy.apis import CLIENT_HEADERS, anthropic_error_body
+from proxy.apis import CLIENT_HEADERS, anthropic_error_body, anthropic_sse_error, responses_sse_error
 from proxy.engine import Target
 from proxy.owners import RESPONSE_ID
 from proxy.pipeline import (
@@ -203,7 +203,9 @@ async def _send_once(
             )
         if upstream.content_type.startswith("text/event-stream"):
             relayed = True  # (`_chunks` closes it when the stream ends)
-            return StreamingResponse(_chunks(upstream, scrub), upstream.status, headers, "text/event-stream")
+            return StreamingResponse(
+                _chunks(upstream, scrub, api), upstream.status, headers, "text/event-stream"
+            )
         try:
             content = await upstream.read()
         except UpstreamFailure as failure:
@@ -218,7 +220,9 @@ async def _send_once(
             upstream.close()
 
 
-async def _chunks(upstream: UpstreamResponse, scrub: Scrubber) -> AsyncIterator[bytes]:
+async def _chunks(upstream: UpstreamResponse, scrub: Scrubber, api: str) -> AsyncIterator[bytes]:
+    """The upstream's stream, scrubbed; one that breaks off ends with the API's error event (the
+    blank line first ends whatever event it cut), not silently as if it were whole."""
     lines = StreamScrubber(scrub)
     try:
         async for chunk in upstream.chunks():
@@ -228,7 +232,10 @@ async def _chunks(upstream: UpstreamResponse, scrub: Scrubber) -> AsyncIterator[
         tail = lines.flush()
         if tail:
             yield tail
-    except UpstreamFailure:
-        return
+    except UpstreamFailure as failure:
+        lines.drop_partial()
+        message = f"the upstream stream broke off: {failure.outcome.error}"
+        ending = anthropic_sse_error if api == "messages" else responses_sse_error
+        yield b"\n" + ending(message, "stream_interrupted")
     finally:
         upstream.close()
