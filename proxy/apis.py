@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from proxy.responses import error_type
 from proxy.sse import SSEParser
 
 ApiName = Literal["chat", "completions", "embeddings", "responses", "messages"]
@@ -200,7 +201,7 @@ def stream_error(api: str, data: Mapping[str, Any] | None) -> StreamError:
     code = code if isinstance(code, str) else None
     status = _RESPONSES_STATUS.get(code, 500) if code is not None else 500
     message = error.get("message") if isinstance(error.get("message"), str) else failed
-    body = {"error": {"message": message, "type": "upstream_error", "code": code}}
+    body = {"error": {"message": message, "type": error_type(status), "code": code}}
     return StreamError(status, json.dumps(body).encode())
 
 

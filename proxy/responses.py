@@ -26,8 +26,13 @@ _TYPES = {
 }
 
 
+def error_type(status: int) -> str:
+    """An OpenAI-style error's `type` for a status (`rate_limit_error` for a 429...)."""
+    return _TYPES.get(status, "api_error")
+
+
 def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
-    error: dict[str, Any] = {"message": message, "type": _TYPES.get(status, "api_error"), "code": code}
+    error: dict[str, Any] = {"message": message, "type": error_type(status), "code": code}
     error.update(extra)
     return untrusted.dumps({"error": error})
 

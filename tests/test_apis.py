@@ -127,6 +127,21 @@ def test_an_error_event_stands_for_a_status(api: str, data: dict[str, object] | 
     assert isinstance(body["error"], dict)  # both shapes keep their error under "error"
 
 
+def test_a_responses_error_event_becomes_an_error_whose_type_follows_its_status() -> None:
+    """As every OpenAI-style error the proxy answers: `rate_limit_error` for a 429 (it said
+    `upstream_error` whatever the status; found by an agent-API trial)."""
+    error = stream_error(
+        "responses", {"type": "error", "code": "rate_limit_exceeded", "message": "slow down"}
+    )
+    body = json.loads(error.body)["error"]
+    assert (error.status, body["type"], body["code"], body["message"]) == (
+        429,
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        "slow down",
+    )
+
+
 def test_a_messages_error_event_becomes_the_error_body_as_it_came() -> None:
     data = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     assert json.loads(stream_error("messages", data).body) == data
