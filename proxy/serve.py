@@ -159,6 +159,10 @@ def _lock(state_path: Path, sock: socket.socket) -> StateLock:
             # take the missing ones (naming a directory that is not there tells nothing).
             blocker = lock if lock.exists() else next(p for p in lock.parents if p.exists())
             reason = f"{blocker} is not writable by this user ({why}); fix its owner, mode or mount, or choose another --state"
+        elif exc.errno in (errno.EEXIST, errno.ENOTDIR) and (
+            file := next((p for p in lock.parents if p.is_file()), None)
+        ):
+            reason = f"{file} is a file, not a directory; choose another --state"
         else:
             reason = why
         raise StartupError(f"{state_path}: cannot lock the state file ({lock.name}): {reason}") from exc

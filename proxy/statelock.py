@@ -24,6 +24,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -175,8 +176,14 @@ def _lock_the_file(state_path: Path) -> int | None:
     HardLinked when another process holds it; None (no second lock) when the file cannot be opened
     here: the database then says why it cannot be opened, in its own words."""
     try:
-        fd = os.open(state_path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # (O_NONBLOCK: a FIFO at the path would otherwise hold the open until someone writes to it)
+        fd = os.open(
+            state_path, os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644
+        )
     except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # not a database: the store says what it is
+        os.close(fd)
         return None
     try:
         if not _lock_patiently(fd):

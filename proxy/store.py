@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -325,9 +326,12 @@ class SqliteStore:
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"{self.path}: cannot create its directory ({exc.strerror or exc})") from exc
-        if os.path.isdir(self.path):
-            raise StoreError(f"{self.path}: is a directory, not a state database")
+            raise StoreError(
+                f"{self.path}: cannot create its directory ({_blocking_file(self.path) or exc.strerror or exc})"
+            ) from exc
+        kind = _not_a_file(self.path)
+        if kind is not None:
+            raise StoreError(f"{self.path}: is {kind}, not a state database")
         # Before SQLite touches anything: it opens a file it may not write read-only, and creates
         # the -wal and -shm files beside it with the file's own mode, which would then refuse the
         # next start too, after the operator fixed what this one named.
@@ -770,6 +774,32 @@ class _FailureLog:
         if self.reason is not None:
             _log.warning("%s: state writes work again after %d failed", self.path, self.count)
             self.reason, self.count = None, 0
+
+
+def _not_a_file(path: str) -> str | None:
+    """What is at `path` when it is there and not a regular file ("a directory", "a FIFO"...)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return None
+
+
+def _blocking_file(path: str) -> str | None:
+    """`X is a file, not a directory` for the first folder on `path`'s way that is a file."""
+    for parent in Path(path).parents:
+        if parent.is_file():
+            return f"{parent} is a file, not a directory"
+    return None
 
 
 def _identity(path: str) -> tuple[int, int] | None:

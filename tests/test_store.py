@@ -310,6 +310,24 @@ def test_a_directory_at_the_path_raises_store_error(tmp_path: Path) -> None:
     assert str(caught.value).startswith(f"{tmp_path}: is a directory, not a state database")
 
 
+def test_a_fifo_at_the_path_raises_store_error_instead_of_hanging(tmp_path: Path) -> None:
+    """SQLite's open of a FIFO waits for a writer for ever: the start hung without a word (found by a
+    lifecycle trial)."""
+    fifo = tmp_path / "state.db"
+    os.mkfifo(fifo)
+    with pytest.raises(StoreError) as caught:
+        SqliteStore(fifo)
+    assert str(caught.value) == f"{fifo}: is a FIFO, not a state database"
+
+
+def test_a_file_where_its_folder_should_be_is_named(tmp_path: Path) -> None:
+    (tmp_path / "data").write_text("not a folder")
+    with pytest.raises(StoreError) as caught:
+        SqliteStore(tmp_path / "data" / "state.db")
+    assert str(caught.value).startswith(f"{tmp_path / 'data' / 'state.db'}: cannot create its directory")
+    assert f"{tmp_path / 'data'} is a file, not a directory" in str(caught.value)
+
+
 # -- storage failures, told as what they are (issue #21) ------------------------------------------
 
 

@@ -269,3 +269,19 @@ def test_a_state_path_under_a_directory_that_cannot_take_it_names_that_directory
     assert result.returncode == 2, result.stderr
     assert f"{locked} is not writable by this user" in result.stderr, result.stderr
     assert f"{locked / 'sub'} is not writable" not in result.stderr
+
+
+def test_a_fifo_or_a_file_in_the_way_of_the_state_path_is_named_at_once(tmp_path: Path) -> None:
+    """A FIFO at the path held the start in open() without a word until a signal; a file where a
+    folder of the path should be was `cannot lock the state file (state.db.lock): File exists`
+    (found by a lifecycle trial)."""
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    result = serve_once(tmp_path, fifo)
+    assert (result.returncode, result.stderr) == (2, f"omniroute: {fifo}: is a FIFO, not a state database\n")
+    (tmp_path / "data").write_text("a file")
+    state = tmp_path / "data" / "state.db"
+    result = serve_once(tmp_path, state)
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path / 'data'} is a file, not a directory" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
