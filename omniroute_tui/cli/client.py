@@ -215,9 +215,10 @@ class Api:
             raise NoInstance(f"no omniroute instance at {url} ({reason}); {START_HINT}") from None
         return self._answer(method, path, response, names)
 
-    def _hung(self) -> NoInstance:
+    def _hung(self, waited_s: float | None = None) -> NoInstance:
+        waited = self.timeout_s if waited_s is None else waited_s
         return NoInstance(
-            f"{self.target.url} did not answer within {self.timeout_s:g} s; is the instance hung? {START_HINT}"
+            f"{self.target.url} did not answer within {waited:g} s; is the instance hung? {START_HINT}"
         )
 
     def stream(self, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -254,7 +255,7 @@ class Api:
                     f"the stream from {url} went silent for {stream.SILENCE_LIMIT_S:g} s (no ping either):"
                     " the link is gone"
                 ) from None
-            raise self._hung() from None
+            raise self._hung(stream.SILENCE_LIMIT_S) from None  # (the stream's read timeout)
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
             if not opened:  # nothing there to follow: as `call` says it

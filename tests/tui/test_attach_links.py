@@ -241,6 +241,19 @@ def test_following_ends_no_instance_when_the_network_stops_carrying_packets(
         assert "went silent" in str(outcome[0])
 
 
+def test_following_an_instance_that_never_answers_says_how_long_it_waited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It said "did not answer within 10 s" after waiting the stream's 60 (found by a lifecycle
+    trial, against a SIGSTOPped instance)."""
+    with instance(monkeypatch) as (_, relay):
+        relay.blackhole()  # it takes the connection and never answers
+        with Api(Target(relay.url, None)) as api, pytest.raises(NoInstance) as caught:
+            for _ in api.stream("/api/stream?kinds=event"):
+                pass
+        assert f"did not answer within {stream.SILENCE_LIMIT_S:g} s" in str(caught.value)
+
+
 async def test_a_console_attaches_to_an_instance_with_thousands_of_lockouts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
