@@ -1143,7 +1143,7 @@ def render_starter_config(detected: Mapping[str, str]) -> str:
             raise ValueError(f"not a valid provider id: {pid!r}")
     live = dict(detected) if detected else dict(BUILTIN_LOCAL_PROVIDERS)
     lines = [
-        "# omniroute config: see the README for every key.",
+        "# omniroute config: every key is in docs/configuration.md.",
         "",
         "[server]",
         'host = "127.0.0.1"          # a non-loopback host requires management_token and api_keys',
