@@ -21,13 +21,18 @@ from rich.cells import get_character_cell_size
 DUMB_TERMINALS = frozenset({"", "dumb", "unknown"})
 
 
-def refusal(env: Mapping[str, str], *streams: tuple[str, IO[Any] | None]) -> str | None:
+def refusal(
+    env: Mapping[str, str], *streams: tuple[str, IO[Any] | None], attached: str | None = None
+) -> str | None:
     """Why the full-screen console cannot run here, or None when it can. `streams`: (name, stream)
-    pairs that must all be terminals (stdin for keys; stdout and stderr, which Textual draws on)."""
-    instead = (
-        "run the proxy headless with `omniroute serve` and watch it with `omniroute status`, "
-        "`omniroute breakers`, `omniroute connections` and `omniroute lockouts`"
-    )
+    pairs that must all be terminals (stdin for keys; stdout and stderr, which Textual draws on).
+    `attached`: the URL of the running instance it was to attach to (the advice is then to watch
+    that one, not to start one)."""
+    watch = "`omniroute status`, `omniroute breakers`, `omniroute connections` and `omniroute lockouts`"
+    if attached is not None:
+        instead = f"watch {attached} with {watch} (with --url), or `omniroute events --follow`"
+    else:
+        instead = f"run the proxy headless with `omniroute serve` and watch it with {watch}"
     if os.name == "posix" and env.get("TERM", "") in DUMB_TERMINALS:
         return f"the console needs a full-screen terminal, and TERM={env.get('TERM', '')!r} is not one; {instead}"
     for name, stream in streams:

@@ -152,7 +152,11 @@ def tui(
     # Attached, the instance is checked first: with nothing to attach to, the terminal is moot.
     target = _reachable(url, token, ignored=(demo, host, port)) if url else None
     problem = terminal.refusal(
-        os.environ, ("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr)
+        os.environ,
+        ("stdin", sys.stdin),
+        ("stdout", sys.stdout),
+        ("stderr", sys.stderr),
+        attached=target.url if target is not None else None,
     )
     if problem is not None:
         typer.echo(f"omniroute: {problem}", err=True)

@@ -97,6 +97,12 @@ def test_refusal_and_charset_rules() -> None:
     assert refusal({"TERM": "dumb"}, ("stdin", tty)) is not None
     assert refusal({}, ("stdin", tty)) is not None
     assert "its stderr is not one" in (refusal({"TERM": "xterm"}, ("stdin", tty), ("stderr", None)) or "")
+    headless = refusal({"TERM": "xterm"}, ("stdin", None)) or ""
+    assert "`omniroute serve`" in headless
+    # Attaching, the instance runs already: the advice is to watch it, not to start one (found by a
+    # docs trial).
+    attached = refusal({"TERM": "xterm"}, ("stdin", None), attached="http://127.0.0.1:20128") or ""
+    assert "omniroute serve" not in attached and "watch http://127.0.0.1:20128 with" in attached
     assert wants_ascii({"LANG": "C"}) and wants_ascii({}) and wants_ascii({"LANG": "en_US.ISO-8859-1"})
     assert not wants_ascii({"LANG": "en_US.UTF-8"}) and not wants_ascii({"LC_ALL": "C.utf8", "LANG": "C"})
     assert wants_ascii({"LC_ALL": "C", "LANG": "en_US.UTF-8"})  # LC_ALL wins, as in C
