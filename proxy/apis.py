@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from proxy.responses import error_type
 from proxy.sse import SSEParser
 
 ApiName = Literal["chat", "completions", "embeddings", "responses", "messages"]
@@ -82,6 +81,27 @@ _ANTHROPIC_TYPES: Final[Mapping[int, str]] = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
+
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    421: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def error_type(status: int) -> str:
+    """An OpenAI-style error's `type` for a status (`rate_limit_error` for a 429...)."""
+    return _OPENAI_TYPES.get(status, "api_error")
 
 
 def anthropic_error_body(status: int, message: str) -> bytes:

@@ -9,26 +9,7 @@ from typing import Any
 from starlette.responses import Response
 
 from proxy import untrusted
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    421: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    502: "upstream_error",
-    503: "service_unavailable",
-    504: "timeout_error",
-}
-
-
-def error_type(status: int) -> str:
-    """An OpenAI-style error's `type` for a status (`rate_limit_error` for a 429...)."""
-    return _TYPES.get(status, "api_error")
+from proxy.apis import error_type
 
 
 def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
