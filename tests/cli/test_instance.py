@@ -34,7 +34,7 @@ def fake_console(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Options, bool]]:
         calls.append((options, read_only))
         return 7
 
-    monkeypatch.setattr("omniroute_tui.terminal.refusal", lambda env, *streams: None)
+    monkeypatch.setattr("omniroute_tui.terminal.refusal", lambda env, *streams, attached=None: None)
 
     module: Any = types.ModuleType("omniroute_tui.app")
     module.run_tui = run_tui
