@@ -444,7 +444,8 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
         lines = _key_lines(text)
         raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems])
     exposure = _exposure_warnings(config, path, reader.inline_secrets)
-    warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure, *_unscrubbable(config))]
+    nothing = [NO_PROVIDERS] if not config.providers else []
+    warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure, *_unscrubbable(config), *nothing)]
     return _with_env_state(replace(config, warnings=tuple(warnings)), env, path)
 
 
@@ -564,6 +565,12 @@ def _with_env_state(config: Config, env: Mapping[str, str], path: Path | None) -
 def _with_env_token(server: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
     token = env.get(MANAGEMENT_TOKEN_ENV)
     return replace(server, management_token=token) if token else server
+
+
+NO_PROVIDERS = (
+    "no providers are configured: every /v1 request is answered 404 model_not_found"
+    " (add a [providers.NAME] table; docs/configuration.md)"
+)
 
 
 def _exposure_warnings(config: Config, path: Path, inline_secrets: Sequence[str]) -> list[str]:

@@ -8,6 +8,7 @@ import pytest
 
 from proxy.config import (
     BUILTIN_LOCAL_PROVIDERS,
+    NO_PROVIDERS,
     ConfigError,
     ConnectionConfig,
     ServerConfig,
@@ -364,6 +365,18 @@ def test_a_secret_too_short_to_scrub_is_warned_of_by_where_it_is_never_what_it_i
     assert not any(secret in w for w in warnings for secret in ("Pw7x9Qz", "short12", 'tok"'))
 
 
+@pytest.mark.parametrize("text", ["", "[providers]\n", "[server]\nport = 20129\n"])
+def test_a_config_with_no_provider_warns_that_nothing_is_routable(tmp_path: Path, text: str) -> None:
+    """It passed `config check` and `serve` started with nothing to route to, and not a word (found
+    by a docs trial)."""
+    path = write(tmp_path, text, mode=0o600)
+    (warning,) = load_config(path, {}).warnings
+    assert (
+        warning
+        == f"{path}: no providers are configured: every /v1 request is answered 404 model_not_found (add a [providers.NAME] table; docs/configuration.md)"
+    )
+
+
 def test_inline_key_in_a_private_file_does_not_warn(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL_PROVIDER + 'api_key = "sk-inline-0123456789"\n', mode=0o600)
     assert load_config(path, {}).warnings == ()
@@ -374,7 +387,7 @@ def test_group_readable_token_warns_but_env_key_does_not(tmp_path: Path) -> None
         pytest.skip("no POSIX modes")
     path = write(tmp_path, MINIMAL_PROVIDER + 'api_key_env = "K"\n', mode=0o644)
     assert load_config(path, {"K": "sk-x-0123456789"}).warnings == ()
-    path = write(tmp_path, '[server]\nmanagement_token = "t0ken-0123456789"\n', mode=0o640)
+    path = write(tmp_path, '[server]\nmanagement_token = "t0ken-0123456789"\n' + MINIMAL_PROVIDER, mode=0o640)
     (warning,) = load_config(path, {}).warnings
     assert "server.management_token" in warning and "mode 0640" in warning
 
@@ -628,7 +641,7 @@ def test_an_exposed_host_in_the_file_is_a_problem_for_check_config(tmp_path: Pat
     """`serve` refuses it, so `config check` (check_config) must too; it is no mere warning of
     load_config (which `serve --host 127.0.0.1` would then print about a host it does not use)."""
     path = write(tmp_path, '[server]\nport = 20200\nhost = "0.0.0.0"\n')
-    assert load_config(path, {}).warnings == ()
+    assert [w for w in load_config(path, {}).warnings if NO_PROVIDERS not in w] == []
     with pytest.raises(ConfigError) as caught:
         check_config(path, {})
     (problem,) = caught.value.problems
