@@ -8,7 +8,8 @@ characters (which make a name read as another), or be ten kilobytes long.
 
 `visible()` turns such text into one line of plain, printable characters: every control or
 format character is written out as a visible escape (`\\x1b`, `\\u202e`, `↵` for a line break,
-`⇥` for a tab), never passed through, and very long text is cut. The console's read model
+`⇥` for a tab), never passed through, and very long text is cut; so is a pile of combining marks,
+which draws over the cells around it. The console's read model
 (`snapshot.py`) and the CLI's table cells pass every foreign string through it once; widgets
 then draw it as plain text (segments, `Text`, `markup=False`), never as markup.
 """
@@ -35,11 +36,16 @@ def use_ascii(ascii_only: bool) -> None:
     _escaped.cache_clear()
 
 
+MAX_COMBINING: Final = 4
+"""The most combining marks (zero-width accents) kept on one character: words stack two or three;
+dozens draw over the rows around them."""
+
+
 def visible(text: str, limit: int = MAX_CHARS) -> str:
     """`text` as one line of printable characters, at most `limit` characters (plus a mark)."""
     if len(text) > limit:
         text = text[:limit] + _marks["more"]
-    if text.isprintable():  # the common case, in C: plain names pay almost nothing
+    if text.isascii() and text.isprintable():  # the common case, in C: plain names pay almost nothing
         return text
     return _escaped(text)
 
@@ -52,7 +58,21 @@ def visible_lines(text: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _escaped(text: str) -> str:
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text.replace("\r\n", "\n"))
+    out = []
+    stacked = MAX_COMBINING  # marks on the character before: none yet, so a first mark sits on nothing
+    for ch in text.replace("\r\n", "\n"):
+        if unicodedata.category(ch) in _COMBINING:
+            stacked += 1
+            out.append(ch if stacked <= MAX_COMBINING else _escape(ch))
+            continue
+        printable = ch.isprintable()
+        stacked = 0 if printable else MAX_COMBINING
+        out.append(ch if printable else _escape(ch))
+    return "".join(out)
+
+
+_COMBINING: Final = frozenset({"Mn", "Me"})
+"""The zero-width combining marks: drawn on the cell before them."""
 
 
 def _escape(ch: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
+from omniroute_tui import untrusted
 from omniroute_tui.app import OmniRouteApp, make_app
 from omniroute_tui.untrusted import visible
 from proxy import serve
@@ -166,6 +167,20 @@ def test_visible_escapes_every_control_and_format_character() -> None:
     assert visible("\x1b]0;x\x07") == "\\x1b]0;x\\x07"
     assert visible("plain-name:7b") == "plain-name:7b"
     assert len(visible("x" * 10_000)) <= 2_001
+
+
+def test_visible_keeps_a_few_accents_but_escapes_a_pile_of_combining_marks() -> None:
+    """Combining marks are printable, and draw on the cell before them: a model of 200 U+0301 drew
+    over the cells around it in the CLI's tables, the log and the console (found by a hostile-input
+    trial). Words keep theirs (Vietnamese stacks two); a run past MAX_COMBINING, or one with nothing
+    to sit on, is written out."""
+    for word in ("café", "Tiếng Việt", "नमस्ते", "שָׁלוֹם", "cafe\u0301"):
+        assert visible(word) == word
+    zalgo = "a" + "\u0301" * 200 + "b"
+    shown = visible(zalgo)
+    assert shown.startswith("a" + "\u0301" * untrusted.MAX_COMBINING + "\\u0301")
+    assert shown.endswith("b") and shown.count("\u0301") == untrusted.MAX_COMBINING
+    assert visible("\u0301x") == "\\u0301x"  # nothing before it to combine with: not the cell before
 
 
 LONG = "p" * 200
