@@ -601,6 +601,7 @@ def run_tui(options: serve.Options, *, read_only: bool = False, ascii_only: bool
         restore = SavedModes().restore
     with StopSignals(deadline_s=serve.SHUTDOWN_GRACE_S + 1, emergency=restore) as signals:
         try:
+            serve.open_files_limit()
             return asyncio.run(_run(options, read_only, ascii_only, signals))
         except serve.StartupError as exc:
             print(

@@ -325,8 +325,36 @@ _M_MMAP_THRESHOLD = -3
 """glibc's `mallopt` parameters (malloc.h)."""
 
 
+MIN_OPEN_FILES = 64
+"""The fewest open files an instance starts with: its event loop, listening socket, state database
+(with its write-ahead log and index), lock files and log take about thirty, and each request in
+flight two more (its client's socket and its upstream's)."""
+
+
+def open_files_limit(minimum: int = MIN_OPEN_FILES) -> None:
+    """Raise this process's soft limit on open files to its hard one, as servers do (a laptop's
+    default soft limit of 1,024 runs out under a busy agent long before the hard limit does); a
+    StartupError naming the limit when even that is under `minimum` (without it the start failed
+    deep in the event loop's setup, in words about the loop)."""
+    try:
+        import resource
+    except ImportError:  # (Windows: no such limit)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft != resource.RLIM_INFINITY and soft < minimum:
+        raise StartupError(
+            f"the open-file limit is {soft} (ulimit -n) and omniroute needs at least {minimum}:"
+            f" raise it (`ulimit -n 4096`, or LimitNOFILE= in a systemd unit)"
+        )
+
+
 def run_headless(options: Options) -> None:
     """`omniroute serve`: serve until SIGTERM, SIGINT or SIGHUP (proxy.signals), logging to stderr."""
+    open_files_limit()
 
     async def main(signals: StopSignals) -> None:
         async with listening(options) as (runtime, sock):

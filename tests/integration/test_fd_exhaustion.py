@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy.serve import MIN_OPEN_FILES
 from tests.fakes import FakeUpstream, LiveServer, Reply
 from tests.instances import OMNIROUTE, environment
 from tests.processes import exit_code, free_port, wait_for
@@ -85,7 +86,7 @@ def test_a_descriptor_shortage_is_not_blamed_on_a_healthy_upstream(
     finally:
         probe.send_signal(signal.SIGTERM)
         exit_code(probe, 10)
-    limit = idle + FD_HEADROOM
+    limit = max(idle + FD_HEADROOM, MIN_OPEN_FILES)  # (fewer, and it refuses to start)
 
     def low_ulimit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))

@@ -10,16 +10,20 @@ import json
 import os
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from proxy import __version__
+from proxy.serve import MIN_OPEN_FILES
 from proxy.store import SqliteStore
 from tests.conditions import fill_up, small_disk, unwritable
 from tests.instances import OMNIROUTE, environment, free_port, proxy_config, serving
 from tests.integration.conftest import Instance
+from tests.processes import serving as answers
 
 
 def run(args: list[str], tmp_path: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -285,3 +289,46 @@ def test_a_fifo_or_a_file_in_the_way_of_the_state_path_is_named_at_once(tmp_path
     assert result.returncode == 2, result.stderr
     assert f"{tmp_path / 'data'} is a file, not a directory" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_too_low_an_open_file_limit_is_named_and_a_low_soft_one_is_raised(tmp_path: Path) -> None:
+    """Under `ulimit -n 10` the start failed inside the event loop's setup ("unexpected error:
+    RuntimeError: Cannot close a running event loop", exit 1); a little higher it blamed the state
+    file (found by a lifecycle trial). A soft limit under the hard one is raised to it, as servers
+    do; a hard one too low for an instance is named (exit 2)."""
+    import resource
+
+    def limited(soft: int, hard: int) -> Callable[[], None]:
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    config = proxy_config(tmp_path, free_port())
+    args = [*OMNIROUTE, "serve", "--config", str(config), "--state", str(tmp_path / "state.db")]
+    refused = subprocess.run(
+        args, capture_output=True, text=True, timeout=20, env=environment(), preexec_fn=limited(10, 10)
+    )
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        f"omniroute: the open-file limit is 10 (ulimit -n) and omniroute needs at least {MIN_OPEN_FILES}:"
+        " raise it (`ulimit -n 4096`, or LimitNOFILE= in a systemd unit)\n",
+    )
+    port = free_port()
+    config = proxy_config(tmp_path, port)
+    args = [*OMNIROUTE, "serve", "--config", str(config), "--state", str(tmp_path / "state.db")]
+    proc = subprocess.Popen(
+        args,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=environment(),
+        preexec_fn=limited(20, 4096),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not answers(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1]
+        with open(f"/proc/{proc.pid}/limits") as limits:
+            line = next(row for row in limits if row.startswith("Max open files"))
+        assert line.split()[3:5] == ["4096", "4096"], line  # the soft limit raised to the hard one
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
