@@ -422,9 +422,26 @@ def _error(description: str) -> Schema:
     return _json(_ref("Error"), description)
 
 
+_FORBIDDEN_ORIGIN = (
+    "a browser's request: its `Origin` is not in `server.allowed_origins` (`forbidden_origin`)"
+)
 _GUARDED = {
     "401": _error("a management token is set and the request does not carry it (`unauthorized`)"),
-    "403": _error("no management token is set and the client is not on loopback (`forbidden`)"),
+    "403": _error(
+        "no management token is set and the client is not on loopback (`forbidden`), or " + _FORBIDDEN_ORIGIN
+    ),
+}
+_AT_THE_DOOR = {
+    "421": _error(
+        "no token authenticates the request and its `Host` is neither loopback nor in"
+        " `server.allowed_hosts` (`misdirected_request`)"
+    ),
+    "500": _error("a bug (`internal_error`); the traceback is in the log, never in the answer"),
+}
+"""What any route may answer, before (or beside) what it does."""
+_WITH_A_BODY = {
+    "408": _error("the body stopped arriving: nothing of it for 60 s (`request_timeout`)"),
+    "415": _error("a body that is not `application/json` (`unsupported_media_type`)"),
 }
 _BODY = {
     "400": _error("malformed JSON, not an object, or bad fields (`invalid_request`, with `fields`)"),
@@ -443,12 +460,16 @@ def _op(
     parameters: list[Schema] | None = None,
     tag: str = "management",
 ) -> Schema:
-    operation: Schema = {"tags": [tag], "summary": summary, "responses": {"200": ok, **(errors or {})}}
+    responses: Schema = {"200": ok, **(errors or {})}
+    operation: Schema = {"tags": [tag], "summary": summary, "responses": responses}
     if tag == "management":
-        operation["responses"].update(_GUARDED)
+        responses.update(_GUARDED)
         operation["security"] = [{}, {"managementToken": []}]
     else:
+        responses["403"] = _error(_FORBIDDEN_ORIGIN)
         operation["security"] = [{}, {"clientApiKey": []}]
+    for status, response in {**_AT_THE_DOOR, **(_WITH_A_BODY if body is not None else {})}.items():
+        responses.setdefault(status, response)
     if body is not None:
         operation["requestBody"] = {"required": False, "content": {"application/json": {"schema": body}}}
     if parameters:
@@ -498,7 +519,9 @@ def _proxy_op(summary: str) -> Schema:
             "413": _error("body larger than 32 MiB (`request_too_large`)"),
             "429": _error("everything is cooling (`all_targets_cooling`), or a full request queue (`RATE_LIMIT_QUEUE_FULL`)"),
             "502": _error("the last upstream could not be reached (`upstream_unreachable`)"),
-            "503": _error("`provider_circuit_open`, `all_targets_unavailable` or `server_stopping`"),
+            "503": _error(
+                "`provider_circuit_open`, `all_targets_unavailable`, `server_stopping` or `proxy_out_of_resources`"
+            ),
             "504": _error("no response headers within requestQueue.maxWaitMs (`RATE_LIMIT_EXECUTION_TIMEOUT`)"),
         },
         body=request,
@@ -509,9 +532,12 @@ def _proxy_op(summary: str) -> Schema:
 def _messages_op(summary: str) -> Schema:
     """`/v1/messages`: the proxy's own errors in Anthropic's shape (an upstream's are relayed)."""
     operation = _proxy_op(summary)
-    for status, response in operation["responses"].items():
-        if status != "200":
-            response["content"] = {"application/json": {"schema": _ref("AnthropicError")}}
+    anthropic = {"application/json": {"schema": _ref("AnthropicError")}}
+    # (New dicts: the responses are shared with the other routes, which keep OpenAI's shape.)
+    operation["responses"] = {
+        status: response if status == "200" else {**response, "content": anthropic}
+        for status, response in operation["responses"].items()
+    }
     return operation
 
 

@@ -276,3 +276,33 @@ def test_an_answer_about_a_dead_upstream_fits_the_error_schema(
     assert "connection refused" in response.json()["error"]["message"]
     assert response.json()["error"]["upstreamError"]["status"] is None
     fits(document(), response, "/v1/chat/completions", "post")
+
+
+def test_the_answers_at_the_door_are_documented_on_every_route_in_their_routes_shape(
+    make_instance: Callable[..., Instance],
+) -> None:
+    """403 forbidden_origin, 415, 421 and 500 can come from any route, and were documented on none;
+    and /v1/messages's Anthropic shape had leaked into every /v1 route's shared error responses
+    (/v1/chat/completions documented its 401 as an AnthropicError; found by a docs trial)."""
+    doc = document()
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            assert {"403", "421", "500"} <= set(operation["responses"]), (path, method)
+            if "requestBody" in operation:
+                assert {"408", "415"} <= set(operation["responses"]), (path, method)
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
+    messages = doc["paths"]["/v1/messages"]["post"]["responses"]
+    assert chat["401"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert messages["401"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/AnthropicError"
+    }
+
+    proxy = make_instance()
+    origin = proxy.send(
+        "POST", "/v1/chat/completions", {"model": "alpha/m1"}, headers={"Origin": "https://evil.example"}
+    )
+    assert origin.status_code == 403
+    fits(doc, origin, "/v1/chat/completions", "post")
+    text = proxy.send("POST", "/api/resilience/reset", b"x", headers={"content-type": "text/plain"})
+    assert text.status_code == 415
+    fits(doc, text, "/api/resilience/reset", "post")
