@@ -968,7 +968,11 @@ class Pipeline:
                     yield chunk
                 if _ends_inside_an_event(previous + last):
                     raise UpstreamFailure(_CUT_INSIDE_AN_EVENT)
-                outcome = Outcome.ok(upstream.status)
+                ended = _chat_stream_error(previous + last)
+                if ended is not None:  # relayed as it came; it counts as the failure it reports
+                    outcome = _stream_failure(ended, engine.scrubber, record)
+                else:
+                    outcome = Outcome.ok(upstream.status)
             except _Silent:
                 outcome = Outcome.stall("stream throughput below the watchdog minimum")
                 if record is not None:
@@ -1621,6 +1625,34 @@ async def _judged(
         if not chunk:
             return
         yield chunk
+
+
+def _chat_stream_error(tail: bytes) -> StreamError | None:
+    """The error a chat stream's upstream ended it with, if it did: some servers (vLLM, OpenAI)
+    report a failure after the content as a last `data: {"error": {...}}` event, before `[DONE]`
+    or without it. Read from the stream's last bytes, once it ended: no parsing per chunk."""
+    at = tail.rfind(b'"error"')
+    if at < 0:
+        return None
+    end = tail.rstrip()
+    if end.endswith(b"data: [DONE]"):
+        end = end[: -len(b"data: [DONE]")].rstrip()
+    start = end.rfind(b"data:")
+    if start < 0 or start > at:
+        return None  # the word is not in the last event
+    try:
+        data = json.loads(end[start + 5 :])
+    except (ValueError, RecursionError):
+        return None
+    error = data.get("error") if type(data) is dict else None
+    if type(error) is not dict:
+        return None
+    code = error.get("code")
+    status = code if type(code) is int and 400 <= code <= 599 else 502
+    try:
+        return StreamError(status, json.dumps(data).encode())
+    except (ValueError, RecursionError):
+        return StreamError(status, b'{"error": {"message": "the upstream stream failed"}}')
 
 
 def _ends_inside_an_event(tail: bytes) -> bool:
