@@ -1406,3 +1406,20 @@ def test_case_32_restart_keeps_breakers_cooldowns_terminal_states_lockouts_and_s
     served = proxy.pinned("key/m2", "key-3")
     assert served.status_code == 200
     proxy.settled()
+
+
+def test_a_connection_pinned_twice_is_asked_about_not_guessed(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """Two X-OmniRoute-Connection headers pinned the request to whichever the proxy read first, in
+    silence (found by a docs trial; the management API refuses a repeated query parameter alike)."""
+    up = upstreams("loc")
+    proxy = launch(provider("loc", "local", up.url, "loc-1", "loc-2"))
+    twice = proxy.http.post(
+        CHAT_PATH,
+        json=chat("loc/m1"),
+        headers=[("X-OmniRoute-Connection", "loc-1"), ("X-OmniRoute-Connection", "loc-2")],
+    )
+    assert error_of(twice, 400)["message"] == "X-OmniRoute-Connection is given more than once; give one"
+    assert up.calls() == []
+    assert proxy.pinned("loc/m1", "loc-2").headers["x-omniroute-selected-connection-id"] == "loc-2"
