@@ -38,6 +38,19 @@ def codex(pid: str, url: str, *connections: str) -> str:
     return provider(pid, "apikey", url, *connections, extra='apis = ["chat", "responses"]')
 
 
+def messages_stream_refused(url: str, model: str) -> anthropic.APIStatusError:
+    """What Anthropic's SDK raised on a streamed Messages request through the proxy at `url`."""
+    client = anthropic.Anthropic(base_url=url, api_key="sk-ant-client", max_retries=0)
+    try:
+        with client.messages.stream(model=model, max_tokens=16, messages=USER) as stream:  # type: ignore[arg-type]
+            list(stream.text_stream)
+    except anthropic.APIStatusError as refused:
+        return refused
+    finally:
+        client.close()
+    raise AssertionError("the stream was not refused")
+
+
 SdkClient = TypeVar("SdkClient", anthropic.Anthropic, openai.OpenAI)
 _OPENED: list[anthropic.Anthropic | openai.OpenAI] = []
 """SDK clients a test opened: closed when it ends (each holds a pool of sockets, which the collector

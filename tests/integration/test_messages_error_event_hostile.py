@@ -19,23 +19,18 @@ from collections.abc import Callable
 from typing import Any
 
 import anthropic
-import pytest
 
 from tests.fakes.dialects import delta, first_content, head, tail
 from tests.fakes.scripted import Scripted, ScriptedUpstream
-from tests.integration.test_proxy import Proxy, provider
+from tests.integration.test_apis import USER, claude, messages_stream_refused
+from tests.integration.test_proxy import Proxy
 
 MESSAGES = "/messages"
-USER: Any = [{"role": "user", "content": "hi"}]
 DEPTH = 1000
 DEEP_ERROR = (
     b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"},'
     b' "detail": ' + b"[" * DEPTH + b"]" * DEPTH + b"}\n\n"
 )
-
-
-def claude(pid: str, url: str, *connections: str) -> str:
-    return provider(pid, "apikey", url, *connections, extra='apis = ["messages"]\nauth = "x-api-key"')
 
 
 def whole(ident: str) -> list[bytes]:
@@ -90,16 +85,8 @@ def test_an_error_event_without_json_data_is_answered_in_anthropics_shape(
         '[[providers.claude.connections]]\nid = "key-a"\napi_key = "key-key-a"\ndisable_cooling = true\n'
     )
     up.script(Scripted([head(MESSAGES, "m1", "m"), b"event: error\ndata: upstream exploded\n\n"]))
-    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-client", max_retries=0)
-    try:
-        with (
-            pytest.raises(anthropic.APIStatusError) as caught,
-            client.messages.stream(model="claude/m", max_tokens=16, messages=USER) as stream,
-        ):
-            list(stream.text_stream)
-    finally:
-        client.close()
-    assert caught.value.status_code == 502
-    answer: Any = caught.value.body
+    refused = messages_stream_refused(proxy.url, "claude/m")
+    assert refused.status_code == 502
+    answer: Any = refused.body
     assert answer["type"] == "error" and answer["error"]["type"] == "api_error", answer
     proxy.settled()

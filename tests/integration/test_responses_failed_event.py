@@ -19,13 +19,10 @@ import pytest
 
 from tests.fakes.dialects import delta, first_content, head, tail
 from tests.fakes.scripted import Scripted, ScriptedUpstream, sse
-from tests.integration.test_proxy import Proxy, provider, wait_until
+from tests.integration.test_apis import codex
+from tests.integration.test_proxy import Proxy, wait_until
 
 RESPONSES = "/responses"
-
-
-def codex(pid: str, url: str, *connections: str) -> str:
-    return provider(pid, "apikey", url, *connections, extra='apis = ["chat", "responses"]')
 
 
 def failed(response: Any) -> bytes:

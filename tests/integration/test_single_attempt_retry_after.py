@@ -13,16 +13,14 @@ headers.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import openai
 
 from tests.fakes import Reply
 from tests.fakes.dialects import response
 from tests.fakes.scripted import Scripted, ScriptedUpstream
+from tests.integration.test_apis import USER
 from tests.integration.test_proxy import Proxy, Upstream, provider
-
-USER: Any = [{"role": "user", "content": "hi"}]
 
 
 def test_count_tokens_relays_the_upstreams_retry_after_with_its_429(

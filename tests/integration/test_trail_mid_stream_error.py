@@ -16,23 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import anthropic
-import pytest
-
 from tests.fakes import Reply
 from tests.fakes.dialects import delta, first_content, head
 from tests.fakes.scripted import Scripted, ScriptedUpstream, sse
-from tests.integration.test_proxy import Proxy, Upstream, provider, wait_until
-
-USER: Any = [{"role": "user", "content": "hi"}]
-
-
-def claude(pid: str, url: str, *connections: str) -> str:
-    return provider(pid, "apikey", url, *connections, extra='apis = ["messages"]\nauth = "x-api-key"')
-
-
-def codex(pid: str, url: str, *connections: str) -> str:
-    return provider(pid, "apikey", url, *connections, extra='apis = ["chat", "responses"]')
+from tests.integration.test_apis import USER, claude, codex, messages_stream_refused
+from tests.integration.test_proxy import Proxy, Upstream, wait_until
 
 
 def last_record(proxy: Proxy) -> dict[str, Any]:
@@ -50,16 +38,7 @@ def test_a_messages_error_event_after_content_is_recorded_as_the_error_the_clien
     up = upstreams("claude-up")
     proxy = launch(claude("claude", up.url, "key-a"))
     up.fake.script(Reply("stream_error", status=529, die_after=2, chunk_text="par"))
-    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-client", max_retries=0)
-    try:
-        with (
-            pytest.raises(anthropic.APIStatusError) as caught,
-            client.messages.stream(model="claude/sonnet", max_tokens=64, messages=USER) as stream,
-        ):
-            list(stream.text_stream)
-    finally:
-        client.close()
-    told: Any = caught.value.body
+    told: Any = messages_stream_refused(proxy.url, "claude/sonnet").body
     assert told["error"] == {"type": "overloaded_error", "message": "claude-up: 529 Overloaded"}
 
     record = last_record(proxy)

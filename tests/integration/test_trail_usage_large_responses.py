@@ -20,14 +20,11 @@ import openai
 
 from tests.fakes.dialects import delta, first_content, head
 from tests.fakes.scripted import Scripted, ScriptedUpstream, sse
-from tests.integration.test_proxy import Proxy, provider, wait_until
+from tests.integration.test_apis import codex
+from tests.integration.test_proxy import Proxy, wait_until
 
 RESPONSES = "/responses"
 USAGE = {"input_tokens": 1100, "output_tokens": 90_000, "total_tokens": 91_100}
-
-
-def codex(pid: str, url: str, *connections: str) -> str:
-    return provider(pid, "apikey", url, *connections, extra='apis = ["chat", "responses"]')
 
 
 def completed(arguments: str) -> bytes:
