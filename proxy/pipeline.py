@@ -434,9 +434,10 @@ class Pipeline:
             if pinned_raw is not None:
                 # Two of them would pin to whichever one the proxy happened to read: asked, not guessed.
                 if sum(1 for name, _ in scope["headers"] if name.lower() == b"x-omniroute-connection") > 1:
-                    return error_response(
+                    response = error_response(
                         400, "X-OmniRoute-Connection is given more than once; give one", "invalid_request"
                     )
+                    return response
                 pinned = pinned_raw.decode("latin-1")
             router = self.router
             route = router.known(model, pinned)

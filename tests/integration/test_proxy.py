@@ -1422,4 +1422,6 @@ def test_a_connection_pinned_twice_is_asked_about_not_guessed(
     )
     assert error_of(twice, 400)["message"] == "X-OmniRoute-Connection is given more than once; give one"
     assert up.calls() == []
+    (record,) = proxy.http.get("/api/requests").json()["requests"]
+    assert (record["state"], record["status"], record["code"]) == ("failed", 400, "invalid_request")
     assert proxy.pinned("loc/m1", "loc-2").headers["x-omniroute-selected-connection-id"] == "loc-2"
