@@ -389,7 +389,7 @@ def run_headless(options: Options) -> None:
                 sock.close()
 
     with (
-        StopSignals(deadline_s=SHUTDOWN_GRACE_S + 1) as signals,
+        StopSignals(deadline_s=SHUTDOWN_GRACE_S + 1, keep_ignored=True) as signals,
         asyncio.Runner(loop_factory=_fast_loop_factory()) as runner,
     ):
         runner.run(main(signals))

@@ -44,9 +44,9 @@ else:
     STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 INHERITED_IGNORE = frozenset(STOP_SIGNALS) - {signal.SIGTERM}
-"""Stop signals that stay ignored when the process started with them ignored (POSIX convention:
-`nohup` ignores SIGHUP so that closing the terminal leaves the program running, and a shell starts
-a background job with SIGINT ignored). SIGTERM always stops it."""
+"""Stop signals that stay ignored when `serve` started with them ignored (POSIX convention: `nohup`
+ignores SIGHUP so that closing the terminal leaves the program running, and a shell starts a
+background job with SIGINT ignored). SIGTERM always stops it."""
 
 DEADLINE_EXIT_CODE = 1
 """The clean stop did not finish in time: something failed that the operator cannot fix."""
@@ -68,9 +68,13 @@ class StopSignals:
         deadline_s: float,
         emergency: Callable[[], object] | None = None,
         exit: Callable[[int], object] = os._exit,
+        keep_ignored: bool = False,
     ) -> None:
         """`emergency` runs just before an immediate exit (best effort: the console puts the terminal
-        back in its normal mode). `exit` is for tests."""
+        back in its normal mode). `exit` is for tests. `keep_ignored`: a signal of INHERITED_IGNORE
+        that the process started with ignored stays ignored (`serve`; the console needs its terminal,
+        and stops when it goes, whatever it inherited)."""
+        self._keep_ignored = keep_ignored
         self.deadline_s = deadline_s
         self.received: signal.Signals | None = None
         self._emergency = emergency
@@ -82,7 +86,7 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # the only thread that may
             for sig in STOP_SIGNALS:
-                if sig in INHERITED_IGNORE and signal.getsignal(sig) is signal.SIG_IGN:
+                if self._keep_ignored and sig in INHERITED_IGNORE and signal.getsignal(sig) is signal.SIG_IGN:
                     continue  # `nohup`, a shell's background job: whoever started it said so
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self

@@ -126,6 +126,7 @@ class Terminal:
         controlling: bool = True,
         size: tuple[int, int] = (120, 40),
         program: str = OMNIROUTE,
+        preexec_fn: Callable[[], object] | None = None,
     ) -> None:
         self.master, slave = os.openpty()
         columns, rows = size
@@ -140,6 +141,7 @@ class Terminal:
                 start_new_session=True,
                 env=env if env is not None else environment(),
                 cwd=ROOT,
+                preexec_fn=preexec_fn,
             )
         finally:
             os.close(slave)

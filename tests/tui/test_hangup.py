@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,8 @@ class Console:
         self.state = tmp_path / "state.db"
         self.args = ["tui", "--config", str(config), "--state", str(self.state), "--port", str(self.port)]
 
-    def start(self, *, controlling: bool = True) -> Terminal:
-        term = Terminal(self.args, controlling=controlling)
+    def start(self, *, controlling: bool = True, preexec_fn: Callable[[], object] | None = None) -> Terminal:
+        term = Terminal(self.args, controlling=controlling, preexec_fn=preexec_fn)
         try:
             wait_for(
                 lambda: serving(self.port) or term.proc.poll() is not None, STARTUP_S, "the proxy serving"
@@ -73,6 +74,14 @@ def console(tmp_path: Path) -> Console:
 
 def test_closing_the_terminal_stops_the_console_and_its_proxy(console: Console) -> None:
     with console.start() as term:
+        term.hang_up()
+        console.assert_stopped_cleanly(term)
+
+
+def test_a_console_started_with_sighup_ignored_still_stops_when_its_terminal_closes(console: Console) -> None:
+    """`serve` keeps a SIGHUP its starter ignored (`nohup`); the console needs its terminal, so it
+    stops when the terminal goes whatever it inherited (a shell under `nohup` starting it)."""
+    with console.start(preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) as term:
         term.hang_up()
         console.assert_stopped_cleanly(term)
 
