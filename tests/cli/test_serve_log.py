@@ -65,7 +65,11 @@ def serving(tmp_path: Path, *args: str) -> Iterator[tuple[str, list[str]]]:
         yield url, lines
     finally:
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # no instance outlives its test, whatever failed
+            process.kill()
+            _, stderr = process.communicate()
         lines.extend(stderr.splitlines())
 
 
