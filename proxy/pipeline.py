@@ -1450,16 +1450,18 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
 
 
 def _request_id(scope: Scope) -> str:
-    state = scope.get("state")
-    found = state.get("request_id") if isinstance(state, dict) else None
-    return found if isinstance(found, str) else f"local-{id(scope):x}"
+    try:
+        found = scope["state"]["request_id"]  # the guard's (proxy.guard), on every request it passes
+    except (KeyError, TypeError):
+        found = None
+    return found if type(found) is str else f"local-{id(scope):x}"
 
 
 def _client(scope: Scope) -> str:
     client = scope.get("client")  # (host, port); `request.client` builds a named tuple
     if not client:
         return "unknown"
-    host = str(client[0])
+    host: str = client[0]  # (a str: ASGI's, and uvicorn's from X-Forwarded-For alike)
     # A loopback client's `X-Forwarded-For` is taken for its address (uvicorn's proxy headers), so
     # any local process makes it as long as its headers: the record keeps at most an address's worth.
     return host if len(host) <= ADDRESS_LIMIT else host[: ADDRESS_LIMIT - 1] + "…"
@@ -1486,7 +1488,7 @@ def _ended(trail: Trail, record: RequestRecord, response: Response | None, now: 
         code, message = error_of(bytes(body))
         record.code = scrub(code) if code else code
         record.message = scrub(message) if message else message
-    trail.end(record, status, now=now)
+    trail.end(record, status, None, now)  # (by position: keywords to a method cost a dict)
 
 
 def _stream_ended(
@@ -1506,7 +1508,7 @@ def _stream_ended(
             record.message = kept_message(trail.engine.scrubber(outcome.error))
         trail.end(record, status, state="failed", now=now)
     else:
-        trail.end(record, status, now=now)
+        trail.end(record, status, None, now)
 
 
 class _AttemptScope:
@@ -1569,14 +1571,9 @@ class _AttemptScope:
         finally:
             self._release()
         if self.record is not None and self.trail is not None:
+            # (By position: keywords to a method cost a dict.)
             self.trail.attempt(
-                self.record,
-                self.attempt,
-                outcome,
-                recorded.verdict,
-                recorded.status,
-                committed=self.handed_off,
-                now=now,
+                self.record, self.attempt, outcome, recorded.verdict, recorded.status, self.handed_off, now
             )
         return recorded
 
