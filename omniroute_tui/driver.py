@@ -29,7 +29,7 @@ from textual.drivers.linux_driver import LinuxDriver
 
 from omniroute_tui.messages import TerminalGone
 from omniroute_tui.terminal import to_ascii
-from proxy.signals import release_lost_terminal, terminal_hung_up, write_now
+from proxy.signals import last_words, release_lost_terminal, terminal_hung_up
 
 
 class _Output:
@@ -117,7 +117,7 @@ class SavedModes:
 
     Textual restores the terminal when the app stops; an immediate exit (a second signal, or a stop
     past its deadline) skips that, and would leave a live terminal in raw mode on the alternate
-    screen. Best effort, and never waits: termios calls and `write_now` only.
+    screen. Best effort, and never hangs: termios calls and `last_words` only.
     """
 
     # Mouse reporting, bracketed paste, focus events and the kitty keyboard protocol off, line wrap
@@ -144,7 +144,7 @@ class SavedModes:
             termios.tcsetattr(self._fd, termios.TCSANOW, self._modes)
         except termios.error:
             return  # the terminal is gone: nothing to put back
-        write_now(2, self.LEAVE)  # Textual draws on stderr
+        last_words(2, self.LEAVE)  # Textual draws on stderr
 
 
 class AsciiDriver(ConsoleDriver):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from signal import _HANDLER
 
-__all__ = ["STOP_SIGNALS", "StopSignals", "release_lost_terminal", "terminal_hung_up", "write_now"]
+__all__ = ["STOP_SIGNALS", "StopSignals", "last_words", "release_lost_terminal", "terminal_hung_up"]
 
 if sys.platform == "win32":
     STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
@@ -139,16 +139,42 @@ class StopSignals:
         if self._emergency is not None:
             with contextlib.suppress(Exception):
                 self._emergency()
-        write_now(2, f"omniroute: {why}\n".encode())
+        last_words(2, f"omniroute: {why}\n".encode())
         self._exit(code)
 
 
-def write_now(fd: int, data: bytes) -> None:
-    """Write to `fd` if it can take the bytes right now, else drop them: for the last words of an
-    exit that must not wait, not even for a terminal that stopped reading. Never raises."""
-    with contextlib.suppress(OSError, ValueError):
-        if sys.platform == "win32" or select.select([], [fd], [], 0)[1]:
+LAST_WORDS_WAIT_S = 0.5
+"""How long the last words of an immediate exit wait for a terminal to take them: one that is only
+behind (its buffer full while the emulator draws) takes them in milliseconds, and a console's
+terminal left on the alternate screen in raw mode is worse than half a second more of an exit; one
+that never reads again is given up on."""
+
+
+def last_words(fd: int, data: bytes) -> None:
+    """Write `data` to `fd` as far as it takes it within LAST_WORDS_WAIT_S, and drop the rest: for
+    the last words of an exit that must not hang, not even on a terminal that stopped reading (its
+    writes are non-blocking for the while). Never raises."""
+    if sys.platform == "win32":
+        with contextlib.suppress(OSError, ValueError):
             os.write(fd, data)
+        return
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + LAST_WORDS_WAIT_S
+    with contextlib.suppress(OSError, ValueError):
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        try:
+            while data:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([], [fd], [], left)[1]:
+                    return
+                with contextlib.suppress(BlockingIOError):
+                    data = data[os.write(fd, data) :]
+        finally:
+            # (The flags belong to the terminal's open file, which the shell shares.)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
 
 def terminal_hung_up(fd: int) -> bool:

@@ -76,3 +76,66 @@ def test_a_lost_terminal_is_recognised_and_replaced_by_dev_null(how: str, code: 
         wait_for(lambda: b"ready" in term.screen, 30, "the program started")
         term.hang_up()
         assert exit_code(term.proc, 10) == code  # 1: the print raised OSError (EIO)
+
+
+def _full_pty() -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) whose screen side is full: nothing reads it, and the
+    slave takes no byte more right now (a terminal busy drawing, or a test's reader behind)."""
+    import fcntl
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    flags = fcntl.fcntl(slave, fcntl.F_GETFL)
+    fcntl.fcntl(slave, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    while select.select([], [slave], [], 0)[1]:
+        try:
+            os.write(slave, b"x" * 1024)
+        except BlockingIOError:
+            break
+    fcntl.fcntl(slave, fcntl.F_SETFL, flags)
+    return master, slave
+
+
+def test_the_last_words_of_an_immediate_exit_wait_a_moment_for_a_busy_terminal() -> None:
+    """The sequence that takes a console's terminal off the alternate screen, written at an
+    immediate exit (a second signal): a terminal that is only behind (its buffer full while the
+    emulator catches up) still gets it, where a write that never waits dropped it and left the
+    shell in raw mode on the alternate screen. One that never reads again costs the exit at most
+    LAST_WORDS_WAIT_S."""
+    import select
+    import threading
+    import time
+
+    from proxy.signals import LAST_WORDS_WAIT_S, last_words
+
+    master, slave = _full_pty()
+    screen = bytearray()
+
+    def catch_up() -> None:  # the emulator, a moment later, reads everything
+        time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                screen.extend(os.read(master, 65536))
+            elif b"\x1b[?1049l" in screen:
+                return
+
+    reader = threading.Thread(target=catch_up)
+    reader.start()
+    try:
+        last_words(slave, b"\x1b[?1049l")
+        reader.join()
+        assert b"\x1b[?1049l" in screen
+    finally:
+        os.close(slave)
+        os.close(master)
+
+    master, slave = _full_pty()  # and one that never reads again
+    try:
+        started = time.monotonic()
+        last_words(slave, b"\x1b[?1049l")
+        assert time.monotonic() - started < LAST_WORDS_WAIT_S + 0.5
+    finally:
+        os.close(slave)
+        os.close(master)
