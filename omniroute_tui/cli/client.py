@@ -242,6 +242,12 @@ class Api:
                 if response.status_code != 200:
                     response.read()
                     self._answer("GET", path, response, None)
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    # (a web page, say: no stream that could end, so not an instance that stopped)
+                    raise Unexpected(
+                        f"{url} answered GET {path.partition('?')[0]} with something that is not an"
+                        " event stream; is it an omniroute instance?"
+                    )
                 opened = True
                 withheld = StreamScrubber(self._scrub)
                 for chunk in response.iter_raw():

@@ -96,6 +96,20 @@ def test_1_not_json(answering: Answering) -> None:
     )
 
 
+@pytest.mark.parametrize("command", [["events", "--follow"], ["requests", "--follow", "--json"]])
+def test_1_following_what_is_not_an_event_stream(answering: Answering, command: list[str]) -> None:
+    """A web page where the stream should be is an answer that is not the API's (exit 1), as the
+    same command without `--follow` says: it read as the instance having stopped (exit 3: "start
+    one"), found by a scripting trial."""
+    url = answering(200, "<html>hello</html>")
+    result = run(*command, "--url", url)
+    assert result.code == 1 and result.stdout == ""
+    assert one_line(result) == (
+        f"{url} answered GET /api/stream with something that is not an event stream;"
+        " is it an omniroute instance?"
+    )
+
+
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_1_an_answer_with_numbers_json_has_not_is_not_json(answering: Answering, constant: str) -> None:
     """Python's parser reads NaN and Infinity, and `--json` passed them on: what it printed was no
