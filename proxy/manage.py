@@ -107,7 +107,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
     except untrusted.RepeatedKey as exc:
         raise _invalid([FieldError("", f"{exc}; send it once")]) from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise _Rejected(400, f"malformed JSON body: {untrusted.echo(str(exc))}") from None
+        # (`fields` as for any body refused whole: a client reads one shape for every 400.)
+        said = untrusted.echo(str(exc))
+        raise _Rejected(
+            400, f"malformed JSON body: {said}", [FieldError("", f"malformed JSON: {said}")]
+        ) from None
     if not isinstance(body, dict):
         raise _invalid([FieldError("", f"the body must be a JSON object, not {_json_kind(body)}")])
     return body

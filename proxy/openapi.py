@@ -447,6 +447,8 @@ _BODY = {
     "400": _error("malformed JSON, not an object, or bad fields (`invalid_request`, with `fields`)"),
     "413": _error("body larger than 1 MiB (`request_too_large`)"),
 }
+_NO_FIELDS = {**_obj({}), "description": "no fields: an empty object, or no body at all"}
+"""The body of an action that takes none: one that holds a field is refused, as an unknown one is."""
 _GUARDED_V1 = _error("`server.api_keys` is set and the request carries none of them (`invalid_api_key`)")
 _NOT_FOUND = {"404": _error("no such provider, connection or model (`not_found`)")}
 
@@ -614,6 +616,8 @@ def _paths() -> dict[str, Schema]:
             "delete": _op(
                 "Reset every breaker to CLOSED",
                 _json(_obj({"success": {"const": True}, "resetCount": _INT}), "how many breakers"),
+                errors=_BODY,
+                body=_NO_FIELDS,
             ),
         },
         "/api/resilience/reset": {
@@ -634,7 +638,8 @@ def _paths() -> dict[str, Schema]:
             "post": _op(
                 "Clear a connection's cooldown, backoff, errors and terminal state",
                 _json(_obj({"ok": {"const": True}, "connection": _ref("Connection")}), "the connection after"),
-                errors=_NOT_FOUND,
+                errors={**_BODY, **_NOT_FOUND},
+                body=_NO_FIELDS,
                 parameters=[_ID],
             )
         },

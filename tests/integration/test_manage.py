@@ -481,7 +481,15 @@ def test_put_unknown_connection_is_404(proxy: Instance) -> None:
             [{"field": "priority", "message": "unknown key (expected rateLimitedUntil, isActive)"}],
         ),
         (b"[]", [{"field": "", "message": "the body must be a JSON object, not an array"}]),
-        (b"{", None),
+        (
+            b"{",
+            [
+                {
+                    "field": "",
+                    "message": "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+                }
+            ],
+        ),
     ],
 )
 def test_put_rejects_bad_bodies_and_changes_nothing(
@@ -614,7 +622,7 @@ def test_reenable_a_model_that_is_not_locked_removes_nothing(proxy: Instance) ->
         # A script's unset variable: read as absent, it would lift the model's lockout on every connection.
         ({"provider": "alpha", "model": "m1", "connectionId": None}, [{"field": "connectionId", "message": NULL_MESSAGE}]),
         (b"[1]", [{"field": "", "message": "the body must be a JSON object, not an array"}]),
-        (b"{'all': true}", None),
+        (b"{'all': true}", [{"field": "", "message": "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"}]),
     ],
 )  # fmt: skip
 def test_reenable_rejects_bad_bodies_and_changes_nothing(
@@ -763,7 +771,10 @@ def test_patch_resilience_cross_field_rule(proxy: Instance) -> None:
 @pytest.mark.parametrize(
     ("body", "fields"),
     [
-        (b'{"sessionAffinity": ', None),
+        (
+            b'{"sessionAffinity": ',
+            [{"field": "", "message": "malformed JSON: Expecting value: line 1 column 21 (char 20)"}],
+        ),
         (b"[]", [{"field": "", "message": "the body must be a JSON object, not an array"}]),
         (b'"x"', [{"field": "", "message": "the body must be a JSON object, not a string"}]),
     ],
