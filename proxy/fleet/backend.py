@@ -499,7 +499,9 @@ class FleetState:
         return (event.layer, event.key) in self._quiet
 
     def breaker(self, provider: str, effect: BreakerEffect, now: float, *, probe: bool) -> None:
-        if not probe and effect is BreakerEffect.SUCCESS:
+        if not probe and effect is BreakerEffect.SUCCESS and not self._pending.get(("b", provider)):
+            # (With this replica's own outcomes for the breaker still queued, the shared record is
+            # behind them: a failure waiting to be written makes this success one to replay after it.)
             record = self._cache.get(("b", provider), (None, 0))[0]
             if record is None or (record.get("state") == "CLOSED" and not record.get("failure_count")):
                 return  # the usual success on a healthy provider changes nothing anywhere
