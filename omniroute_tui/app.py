@@ -28,7 +28,7 @@ from textual.worker import Worker, WorkerState
 from omniroute_tui import actions, untrusted
 from omniroute_tui.cards.card import RuntimeSettings, SettingsSource
 from omniroute_tui.cards.fields import SettingField
-from omniroute_tui.feed import Feed, FeedLogHandler, captured_logging
+from omniroute_tui.feed import TICK_S, Feed, FeedLogHandler, captured_logging
 from omniroute_tui.host import ProxyHost
 from omniroute_tui.messages import SnapshotReady, TerminalGone
 from omniroute_tui.remote import Remote, RemoteError
@@ -255,11 +255,21 @@ class OmniRouteApp(App[int]):
             self.stop()
             return
 
+        # The requests it counts go on finishing while the operator reads it, and the feed builds no
+        # screen updates while a dialog is open: the question recounts on its own.
+        recount = self.set_interval(TICK_S, self._ask_again)
+
         def answered(yes: bool | None) -> None:
+            recount.stop()
             if yes:
                 self.stop()
 
         self.push_screen(ConfirmScreen(question, id=QUIT_QUESTION), answered)
+
+    def _ask_again(self) -> None:
+        asking = self.screen
+        if isinstance(asking, ConfirmScreen) and asking.id == QUIT_QUESTION:
+            asking.ask(self.quit_question() or NOTHING_LOST_NOW)
 
     def action_stop(self) -> None:
         self.stop()
@@ -333,10 +343,7 @@ class OmniRouteApp(App[int]):
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         snapshot = message.snapshot
         self.status.show(snapshot.header)
-        asking = self.screen
-        if isinstance(asking, ConfirmScreen) and asking.id == QUIT_QUESTION:
-            # The requests it counts go on finishing while the operator reads it.
-            asking.ask(self.quit_question() or NOTHING_LOST_NOW)
+        self._ask_again()
         if snapshot.overview is not None:
             self.overview.apply(snapshot.overview)
         if snapshot.table is not None:

@@ -686,6 +686,35 @@ async def test_the_quit_question_follows_the_requests_still_in_flight() -> None:
     assert app.return_code == 0
 
 
+async def test_the_quit_question_recounts_by_itself_while_the_console_runs() -> None:
+    """The live console builds no screen updates while a dialog is open, so a count refreshed only
+    by them stood still: the dialog said "6 requests in flight" long after all of them had
+    finished (found by a console trial). The question recounts on its own while it is up."""
+    import asyncio
+    import time
+
+    from omniroute_tui.app import make_app
+    from tests.tui.snapshot_app import build_runtime
+
+    runtime = build_runtime()
+    app = make_app(runtime)  # live: the feed ticks by itself, as in `omniroute tui`
+    stats = runtime.engine.stats
+    stats.in_flight = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question == "3 requests in flight: quit and stop the proxy?"
+        stats.in_flight = 0  # they all finished; nobody asks the feed for anything
+        deadline = time.monotonic() + 5
+        while app.screen.question != "Nothing in flight any more: quit and stop the proxy?":
+            assert time.monotonic() < deadline, app.screen.question
+            await asyncio.sleep(0.05)
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
 async def test_q_asks_first_when_a_settings_card_holds_a_draft() -> None:
     from omniroute_tui.cards import SettingsPane
     from omniroute_tui.cards.fields import IntField
