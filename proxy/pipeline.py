@@ -1253,7 +1253,7 @@ class Pipeline:
         every = (*decision.skips, *progress.api_skips) if progress.api_skips else decision.skips
         skipped = [s.to_dict(now) for s in every]
         why = "; ".join(
-            f"{s.target}{'@' + s.connection_id if s.connection_id else ''}: {s.reason}"
+            f"{s.target}{'@' + s.connection_id if s.connection_id else ''}: {self._skip_reason(s)}"
             + (f" (retry in {max(0, int(s.retry_at - now))} ms)" if s.retry_at is not None else "")
             for s in every
         )
@@ -1294,6 +1294,17 @@ class Pipeline:
             "all_targets_unavailable",
             skipped=skipped,
         )
+
+    def _skip_reason(self, skip: Skip) -> str:
+        """Why a target was passed over, in the answer's words: a cooling connection with what cooled
+        it (a local server that is down reads "cooling after connection refused at ...", not as a
+        rate limit)."""
+        if skip.reason == "cooling" and skip.connection_id is not None:
+            conn = self.engine.connections.get(skip.connection_id)
+            error = conn.health.last_error if conn is not None else None
+            if error:
+                return f"cooling after {kept_message(error)}"
+        return skip.reason
 
 
 class _Relayed(Response):

@@ -328,6 +328,21 @@ def test_case_2_apikey_breaker_degrades_at_7_opens_at_12_and_ignores_429_and_401
     proxy.settled()
 
 
+def test_an_answer_that_a_connection_is_cooling_says_what_cooled_it(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """The request after the one that found a server down was told only "cooling (retry in N
+    ms)" in a 429: a new user whose local server was not running read a rate limit (found by a
+    new user's trial). The answer names the connection's last error."""
+    refused = FakeUpstream.refused_url()
+    proxy = launch(provider("key", "apikey", refused, "key-1"), clock=FakeClock())
+    first = error_of(proxy.chat("key/m1"), 429)["message"]
+    assert "connection refused" in first
+    second = error_of(proxy.chat("key/m1"), 429)["message"]
+    assert "key/m1@key-1: cooling after connection refused (retry in " in second, second
+    proxy.settled()
+
+
 def test_case_11_apikey_connection_cools_3_6_12_24_seconds(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
