@@ -1297,8 +1297,8 @@ class Pipeline:
 
     def _skip_reason(self, skip: Skip) -> str:
         """Why a target was passed over, in the answer's words: a cooling connection with what cooled
-        it (a local server that is down reads "cooling after connection refused at ...", not as a
-        rate limit)."""
+        it (a local server that is down reads "cooling after connection refused", not as a rate
+        limit)."""
         if skip.reason == "cooling" and skip.connection_id is not None:
             conn = self.engine.connections.get(skip.connection_id)
             error = conn.health.last_error if conn is not None else None
