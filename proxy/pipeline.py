@@ -66,6 +66,7 @@ from proxy.sse import SSEParser
 from proxy.trail import (
     RequestRecord,
     Trail,
+    cooled_by,
     error_of,
     kept_message,
     messages_stream_usage,
@@ -1297,13 +1298,13 @@ class Pipeline:
 
     def _skip_reason(self, skip: Skip) -> str:
         """Why a target was passed over, in the answer's words: a cooling connection with what cooled
-        it (a local server that is down reads "cooling after connection refused", not as a rate
-        limit)."""
+        it, as the trail says it (`cooled_by`: a local server that is down reads "cooling after
+        connection refused", not as a rate limit)."""
         if skip.reason == "cooling" and skip.connection_id is not None:
             conn = self.engine.connections.get(skip.connection_id)
-            error = conn.health.last_error if conn is not None else None
-            if error:
-                return f"cooling after {kept_message(error)}"
+            why = cooled_by(conn.health) if conn is not None else None
+            if why:
+                return f"cooling after {why}"
         return skip.reason
 
 

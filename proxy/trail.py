@@ -38,6 +38,7 @@ from proxy.readmodel import (
 )
 from proxy.resilience.classify import Verdict
 from proxy.resilience.clock import Clock
+from proxy.resilience.cooldown import ConnectionHealth
 from proxy.resilience.events import Event
 from proxy.resilience.outcome import Outcome, OutcomeKind
 from proxy.traffic import TrafficStats, Usage
@@ -333,10 +334,8 @@ class Trail:
             return "breaker HALF_OPEN, its probe is in flight"
         conn = self.engine.connections.get(skip.connection_id) if skip.connection_id else None
         if reason == "cooling":
-            why = ""
-            if conn is not None and conn.health.error_code is not None:
-                why = f" ({conn.health.error_code} {conn.health.last_error_type or ''})".replace(" )", ")")
-            return f"cooling {remaining}{why}"
+            why = cooled_by(conn.health) if conn is not None else None
+            return f"cooling {remaining}" if why is None else f"cooling {remaining} ({why})"
         if reason == "locked":
             status = ""
             if conn is not None:
@@ -499,6 +498,18 @@ def _seq(record: RequestRecord) -> int:
 def _short(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cooled_by(health: ConnectionHealth) -> str | None:
+    """What cooled a connection, in a few words: an upstream's status and its kind (`429
+    rate_limited`), or a failure that had no status as it was told (`connection refused at
+    http://localhost:11434/v1`). The one wording of the trail's skips and of the answer when nothing
+    is left to serve, so that a server that is down never reads as a rate limit in either."""
+    if health.error_code is not None:
+        kind = health.last_error_type
+        return f"{health.error_code} {kind}" if kind else str(health.error_code)
+    error = health.last_error  # (scrubbed when the engine recorded it)
+    return _short(error, REASON_LIMIT - 20) if error else None
 
 
 def kept_message(text: str | None) -> str | None:

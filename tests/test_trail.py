@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from proxy.engine import Attempt, ConnectionSpec, Engine, ProviderSpec, Target
 from proxy.readmodel import WINDOWS
 from proxy.resilience.clock import FakeClock
+from proxy.resilience.cooldown import DEFAULT_COOLDOWN_POLICIES, ConnectionHealth
 from proxy.resilience.outcome import Outcome
 from proxy.settings import Settings
 from proxy.traffic import (
@@ -24,7 +25,16 @@ from proxy.traffic import (
     count,
     merged_report,
 )
-from proxy.trail import FOLD_BATCH, Trail, error_of, messages_stream_usage, span, stream_usage, usage_of
+from proxy.trail import (
+    FOLD_BATCH,
+    Trail,
+    cooled_by,
+    error_of,
+    messages_stream_usage,
+    span,
+    stream_usage,
+    usage_of,
+)
 
 T0 = 1_767_225_600_000.0  # a bucket boundary
 
@@ -234,6 +244,21 @@ def test_a_token_count_no_request_could_have_is_no_count() -> None:
         record.usage = usage_of({"usage": {"prompt_tokens": huge if n == 1 else 5, "completion_tokens": 1}})
     report = trail.stats.report("5m", clock.now())
     assert report.providers["p"].requests == FOLD_BATCH + 3
+
+
+def test_what_cooled_a_connection_is_its_status_and_kind_or_the_failure_that_had_none() -> None:
+    # One wording for the trail's skips and the 429 answer (proxy.pipeline): a status reads as its
+    # status and kind, never as the upstream's body; a network failure as it was told.
+    health = ConnectionHealth("c", "p")
+    assert cooled_by(health) is None
+    policy = DEFAULT_COOLDOWN_POLICIES["local"]
+    health.record_failure(T0, policy, error='503: {"error": "busy"}', error_type="server_error", code=503)
+    assert cooled_by(health) == "503 server_error"
+    health.record_failure(T0 + 10**6, policy, error="connection refused", error_type="network", code=None)
+    assert cooled_by(health) == "connection refused"
+    health.record_failure(T0 + 2 * 10**6, policy, error="x " * 500, error_type="network", code=None)
+    said = cooled_by(health)
+    assert said is not None and len(said) <= 100 and said.endswith("…")
 
 
 def test_error_of_reads_code_and_message_only() -> None:

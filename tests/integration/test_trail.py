@@ -5,6 +5,7 @@ read back through `GET /api/requests`, `/api/stats` and `/metrics`."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.resilience.clock import FakeClock
-from tests.fakes import Reply
+from tests.fakes import FakeUpstream, Reply
 from tests.integration.test_proxy import (
     CHAT_PATH,
     WAIT_ON,
@@ -127,6 +128,29 @@ def test_an_open_breaker_is_a_skip_and_an_error_reaches_the_record(
     assert [(t["connectionId"], t["outcome"]) for t in rec["attempts"]] == [("two-1", "returned")]
     assert (rec["state"], rec["status"]) == ("failed", 400)
     assert rec["message"] == "b: 400 Bad Request"  # the upstream's own words, relayed
+    proxy.settled()
+
+
+def test_a_connection_cooling_after_a_network_error_is_skipped_with_that_error_in_words(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    # A local server that is down cools its connection with no status: the skip says what cooled
+    # it, as the 429 answer does when nothing is left ("cooling after connection refused..."), not
+    # a bare "cooling 2 s" an operator cannot act on.
+    b = upstreams("b")
+    proxy = launch(
+        provider("one", "local", FakeUpstream.refused_url(), "one-1")
+        + provider("two", "local", b.url, "two-1")
+        + combo("duo", "one/m1", "two/m1")
+    )
+    first = ask(proxy, "duo")
+    assert first.status_code == 200
+    assert record(proxy, first.headers["x-request-id"])["attempts"][0]["outcome"] == "fallback"
+    again = ask(proxy, "duo")
+    assert again.status_code == 200
+    (skip,) = record(proxy, again.headers["x-request-id"])["skipped"]
+    assert skip["connectionId"] == "one-1"
+    assert re.fullmatch(r"cooling \d+ (ms|s) \(connection refused\)", skip["reason"]), skip
     proxy.settled()
 
 
