@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import passthrough, untrusted
@@ -114,6 +114,16 @@ def api_routes(runtime: Runtime) -> dict[str, Endpoint]:
     }
 
 
+def _allowed(routes: Sequence[BaseRoute], path: str) -> str:
+    """The `Allow` header of a 405: the methods of every route of the path. (Starlette's names only
+    the first route that matched the path, and a path may have a route per method.)"""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(path):
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 def _coroutine(endpoint: Endpoint) -> Callable[[Request], Coroutine[Any, Any, Response]]:
     """`endpoint` as an `async def`: Starlette runs any other callable in a thread."""
 
@@ -157,6 +167,7 @@ def create_app(runtime: Runtime, *, manage_lifecycle: bool = True) -> ASGIApp:
                 405,
                 f"{untrusted.echo(request.method)} is not allowed on {untrusted.echo(path)}",
                 "method_not_allowed",
+                headers={"Allow": _allowed(routes, path)},
             )
         else:
             answer = error_response(404, f"no route {untrusted.echo(path)}", "not_found")

@@ -959,7 +959,9 @@ def test_an_action_that_takes_no_fields_refuses_any_and_does_nothing(
 
 def test_unknown_route_and_wrong_method(proxy: Instance) -> None:
     assert rejected(proxy.get("/api/nothing-here"), 404)["code"] == "not_found"
-    assert rejected(proxy.send("PUT", "/api/monitoring/health"), 405)["code"] == "method_not_allowed"
+    wrong = proxy.send("PUT", "/api/monitoring/health")
+    assert rejected(wrong, 405)["code"] == "method_not_allowed"
+    assert set(wrong.headers["allow"].split(", ")) == {"GET", "HEAD", "DELETE"}  # what is allowed
     assert (
         rejected(proxy.send("POST", "/api/resilience/model-cooldowns"), 405)["code"] == "method_not_allowed"
     )

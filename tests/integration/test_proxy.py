@@ -974,7 +974,10 @@ def test_unknown_route_and_wrong_method_are_json(untouched: tuple[Proxy, Upstrea
     wrong = proxy.http.get(CHAT_PATH)
     assert error_of(wrong, 405)["code"] == "method_not_allowed"
     assert wrong.headers["x-request-id"]
-    assert error_of(proxy.http.delete("/v1/models"), 405)["code"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "POST"  # a 405 says what is allowed (RFC 9110)
+    listing = proxy.http.delete("/v1/models")
+    assert error_of(listing, 405)["code"] == "method_not_allowed"
+    assert listing.headers["allow"] == "GET, HEAD"
 
 
 def test_a_trailing_slash_is_a_json_404_not_an_empty_redirect(untouched: tuple[Proxy, Upstream]) -> None:
@@ -1000,6 +1003,7 @@ def test_the_messages_routes_answer_a_wrong_method_in_anthropics_shape(
         body = answer.json()
         assert body["type"] == "error" and body["error"]["type"] == "api_error", body
         assert f"{method} is not allowed on {path}" in body["error"]["message"]
+        assert answer.headers["allow"] == "POST"
 
 
 def test_client_credentials_and_session_headers_never_reach_the_upstream(
