@@ -58,16 +58,15 @@ def resolve_target(
     """
     if token:
         _check_token(token, env)
-    if url:
+    if url is not None:  # (`--url ''` too: a script's unset variable must not mean "this machine")
         from proxy.config import shown_url
 
         url = url.strip().rstrip("/")
         problem = check_url(url)
         if problem is not None:
             # Exit 2, not 3: no instance can ever answer at such a URL, so retrying will not help.
-            source = (
-                " (from OMNIROUTE_URL)" if url == env.get("OMNIROUTE_URL", "").strip().rstrip("/") else ""
-            )
+            from_env = env.get("OMNIROUTE_URL", "").strip().rstrip("/")
+            source = " (from OMNIROUTE_URL)" if from_env and url == from_env else ""
             try:
                 shown = shown_url(url)
             except ValueError:

@@ -150,7 +150,8 @@ def tui(
     from omniroute_tui import terminal
 
     # Attached, the instance is checked first: with nothing to attach to, the terminal is moot.
-    target = _reachable(url, token, ignored=(demo, host, port)) if url else None
+    # (`--url ''` is a URL to check, not none: click leaves an empty OMNIROUTE_URL unset itself.)
+    target = _reachable(url, token, ignored=(demo, host, port)) if url is not None else None
     problem = terminal.refusal(
         os.environ,
         ("stdin", sys.stdin),

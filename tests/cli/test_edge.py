@@ -249,6 +249,22 @@ def test_2_an_unusable_url_from_the_environment_says_where_it_came_from() -> Non
     )
 
 
+@pytest.mark.parametrize("command", [["breakers"], ["tui"]])
+@pytest.mark.parametrize("url", ["", "  "])
+def test_2_an_empty_url_given_by_hand_is_refused_not_taken_for_none(command: list[str], url: str) -> None:
+    """A script's `--url "$PROD"` with PROD unset must not talk to this machine's instance instead,
+    nor `tui` host one when it was asked to attach."""
+    result = run(*command, "--url", url)
+    assert result.code == 2
+    assert one_line(result) == "--url '' is not a usable URL: the scheme must be http or https (got none)"
+
+
+def test_an_empty_omniroute_url_is_unset() -> None:
+    """As click reads any empty variable (and shells leave them behind): the usual defaults apply."""
+    result = run("breakers", env={"OMNIROUTE_URL": ""})
+    assert result.code == 3 and "not a usable URL" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "env", "source"),
     [
