@@ -581,6 +581,12 @@ def usage_of(answer: object) -> Usage | None:
         if type(usage) is not dict:
             return None
     prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    if prompt is not None and "prompt_tokens" not in usage:
+        # Anthropic's `input_tokens` is the prompt past its cache: what the cache wrote and read
+        # (most of a coding agent's prompt) it counts apart. (OpenAI's counts, the Responses API's
+        # too, hold their cached part, and have no such keys.)
+        prompt += _count(usage.get("cache_creation_input_tokens")) or 0
+        prompt += _count(usage.get("cache_read_input_tokens")) or 0
     completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
     total = _count(usage.get("total_tokens"))
     if total is None and prompt is not None and completion is not None:

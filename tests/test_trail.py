@@ -223,6 +223,30 @@ def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
     assert stream_usage(b'a tool\'s "usage" text, "usage": 5') is None
 
 
+def test_a_messages_prompt_counts_what_its_cache_wrote_and_read() -> None:
+    """Anthropic's `input_tokens` leaves out the prompt's cached part, which for a coding agent is
+    nearly all of it: the prompt is the three counts (OpenAI's `prompt_tokens` already holds its
+    cached tokens, and so does the Responses API's `input_tokens`)."""
+    cached = {
+        "input_tokens": 12,
+        "cache_creation_input_tokens": 1_000,
+        "cache_read_input_tokens": 48_000,
+        "output_tokens": 300,
+    }
+    assert usage_of({"type": "message", "usage": cached}) == (49_012, 300, 49_312)
+    assert usage_of({"usage": {**cached, "cache_read_input_tokens": None}}) == (1_012, 300, 1_312)
+    openai = {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55}
+    assert usage_of({"usage": {**openai, "prompt_tokens_details": {"cached_tokens": 40}}}) == (50, 5, 55)
+    head = _sse("message_start", {"type": "message_start", "message": {"usage": cached}})
+    tail = _sse("message_delta", {"type": "message_delta", "usage": {"output_tokens": 301}})
+    assert messages_stream_usage(head, tail) == (49_012, 301, 49_313)
+    assert messages_stream_usage(b"", _sse("message_delta", {"type": "message_delta", "usage": cached})) == (
+        49_012,
+        300,
+        49_312,
+    )
+
+
 def test_a_token_count_no_request_could_have_is_no_count() -> None:
     """`"prompt_tokens": 10**400` (legal JSON) made every read of the statistics a 500 (`int too
     large to convert to float`) and lost the requests folded with it; a count over a trillion
