@@ -59,20 +59,22 @@ app.add_typer(settings.app, name="settings", rich_help_panel="Settings and confi
 app.add_typer(config.app, name="config", rich_help_panel="Settings and config")
 
 
-def _one_line_summaries(*typers: typer.Typer) -> None:
-    """A group's list of commands shows each command's first paragraph of help, and in Rich markup
-    mode Typer keeps that paragraph's line breaks there: `omniroute --help` broke `tui`'s summary
-    mid-sentence. Each command gets its first paragraph, on one line, as its summary."""
+def _flowing_help(*typers: typer.Typer) -> None:
+    """In Rich markup mode Typer keeps a help paragraph's line breaks: a docstring wrapped at 100
+    columns printed ragged on an 80-column terminal, and `omniroute --help` broke `tui`'s summary
+    mid-sentence. Each command's help gets its paragraphs on one line each, for Rich to wrap to the
+    terminal (a paragraph that starts with click's `\\b` keeps its lines), and its first paragraph
+    as its summary."""
     for sub in typers:
         for command in sub.registered_commands:
+            doc = command.help or inspect.getdoc(command.callback) or ""
+            paragraphs = [p if p.startswith("\b") else " ".join(p.split()) for p in doc.split("\n\n")]
+            command.help = "\n\n".join(paragraphs)
             if command.short_help is None:
-                doc = command.help or inspect.getdoc(command.callback) or ""
-                command.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+                command.short_help = paragraphs[0]
 
 
-_one_line_summaries(
-    instance.app, views.app, traffic.app, actions.app, actions.reset_app, settings.app, config.app
-)
+_flowing_help(instance.app, views.app, traffic.app, actions.app, actions.reset_app, settings.app, config.app)
 
 
 def main() -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterator
 
 import pytest
+import typer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -351,6 +353,25 @@ def test_help_text_has_no_swallowed_markup_or_double_space(command: list[str]) -
     assert [line for line in text.splitlines() if re.search(r"[a-z,.;:')]  +[a-z]", line)] == []
     if "Instance to talk to" in text:  # the --url option's help
         assert "the config's [server] host and port" in text
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, []], ids=lambda c: " ".join(c) or "root")
+def test_help_paragraphs_flow_to_the_terminals_width(command: list[str]) -> None:
+    """Typer keeps a help paragraph's line breaks in Rich markup mode: a docstring wrapped at 100
+    columns printed ragged at 80 (a line of 80, a line of 20...). Each paragraph is one line when
+    the terminal is wide enough to hold it."""
+    from omniroute_tui.cli import app
+
+    group = typer.main.get_command(app)
+    for name in command:
+        group = group.commands[name]  # type: ignore[attr-defined]  (a group's: Typer's own click)
+    text = run(*command, "--help", env={"COLUMNS": "1000"}).stdout
+    shown = [" ".join(line.split()) for line in text.splitlines()]
+    for paragraph in inspect.cleandoc(group.help or "").split("\n\n"):
+        said = " ".join(paragraph.split())
+        if said and not said.startswith("\b"):
+            plain = re.sub(r"\[/?[a-z ]+\]", "", said)  # (Rich markup tags print as nothing)
+            assert plain in shown, paragraph
 
 
 @pytest.mark.parametrize(
