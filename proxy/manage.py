@@ -106,7 +106,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
         body = untrusted.loads(raw, unique=True)
     except untrusted.RepeatedKey as exc:
         raise _invalid([FieldError("", f"{exc}; send it once")]) from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except untrusted.TooDeep:
+        raise _Rejected(
+            400, f"the body is {untrusted.TOO_DEEP}", [FieldError("", untrusted.TOO_DEEP)]
+        ) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         # (`fields` as for any body refused whole: a client reads one shape for every 400.)
         said = untrusted.echo(str(exc))
         raise _Rejected(

@@ -61,7 +61,9 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
         body = untrusted.loads(raw)
     except untrusted.Unsendable as exc:
         return error_response(400, f"request body: {exc}", "invalid_request")
-    except (ValueError, RecursionError):
+    except untrusted.TooDeep:
+        return error_response(400, f"request body is {untrusted.TOO_DEEP}", "invalid_json")
+    except ValueError:
         return error_response(400, "request body is not valid JSON", "invalid_json")
     if not isinstance(body, dict):
         return error_response(400, "request body must be a JSON object", "invalid_request")
@@ -96,7 +98,7 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
     try:
         data = untrusted.dumps({**body, "model": target.model})
     except (ValueError, RecursionError):
-        return error_response(400, "request body is nested too deeply", "invalid_json")
+        return error_response(400, f"request body is {untrusted.TOO_DEEP}", "invalid_json")
     return await runtime.pipeline.while_connected(
         request.receive,
         _send_once(runtime, request, connection_id, "POST", "messages/count_tokens", data, "messages"),

@@ -384,7 +384,10 @@ class Pipeline:
             except untrusted.Unsendable as exc:
                 response = error_response(400, f"request body: {exc}", "invalid_request")
                 return response
-            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            except untrusted.TooDeep:
+                response = error_response(400, f"request body is {untrusted.TOO_DEEP}", "invalid_json")
+                return response
+            except (ValueError, RecursionError):
                 response = error_response(
                     400,
                     "request body is not valid JSON (NaN and Infinity are not JSON either)",
@@ -413,7 +416,7 @@ class Pipeline:
                 # cannot fail, so nothing an attempt does can fail to encode.
                 payload = RequestBody(raw, body, exact)  # (by position: see RequestBody.__init__)
             except (ValueError, RecursionError):  # nested deeper than the encoder goes from here
-                response = error_response(400, "request body is nested too deeply", "invalid_json")
+                response = error_response(400, f"request body is {untrusted.TOO_DEEP}", "invalid_json")
                 return response
             asked = body.get("stream")
             if asked is not None and type(asked) is not bool:

@@ -73,6 +73,19 @@ def _integer(text: str) -> int:
         raise Unsendable(f"an integer of {len(text):,} digits is too long to pass on") from None
 
 
+TOO_DEEP: Final = "JSON nested deeper than the proxy reads (about 1,000 levels)"
+"""Legal JSON refused for its depth: orjson stops at 1,024 levels, the standard parser near the
+interpreter's recursion limit."""
+
+
+class TooDeep(ValueError):
+    """Legal JSON nested deeper than the parsers go (`TOO_DEEP`): not malformed, and not the
+    parser's words about recursion."""
+
+    def __init__(self) -> None:
+        super().__init__(TOO_DEEP)
+
+
 class RepeatedKey(ValueError):
     """An object that names one member twice (`loads(..., unique=True)`): which one was meant is a
     guess, and a parser's guess (the last) can hide the other, refused, one."""
@@ -94,17 +107,20 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(raw: bytes | str, *, unique: bool = False) -> Any:
-    """Parse JSON, refusing `NaN` and `Infinity`. ValueError (or RecursionError, for nesting deeper
-    than the parser goes) when it is not JSON; UnicodeDecodeError is a ValueError; `Unsendable` (a
-    ValueError too) for a number that cannot be written back as it came; with `unique`,
-    `RepeatedKey` (a ValueError too) for an object that repeats a member."""
-    return json.loads(
-        raw,
-        parse_constant=no_constant,
-        parse_float=_finite,
-        parse_int=_integer,
-        object_pairs_hook=_unique if unique else None,
-    )
+    """Parse JSON, refusing `NaN` and `Infinity`. ValueError when it is not JSON; UnicodeDecodeError
+    is a ValueError; and so are `TooDeep` for nesting deeper than the parser goes, `Unsendable` for a
+    number that cannot be written back as it came and, with `unique`, `RepeatedKey` for an object
+    that repeats a member."""
+    try:
+        return json.loads(
+            raw,
+            parse_constant=no_constant,
+            parse_float=_finite,
+            parse_int=_integer,
+            object_pairs_hook=_unique if unique else None,
+        )
+    except RecursionError:
+        raise TooDeep() from None
 
 
 NOT_JSON: Final = object()

@@ -154,6 +154,43 @@ def test_a_deeply_nested_body_passes_through_or_is_400(
     proxy.settled()
 
 
+@pytest.mark.parametrize("depth", [1_100, 100_000])
+@pytest.mark.parametrize("path", [CHAT_PATH, "/v1/messages/count_tokens"])
+def test_json_nested_past_what_the_parsers_read_is_told_as_such_not_as_invalid(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream], path: str, depth: int
+) -> None:
+    """Legal JSON, refused for its depth: the answer says so, not that it is malformed or NaN (nor
+    the parser's own words about recursion)."""
+    up = upstreams()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"))
+    body = b'{"model": "loc/m1", "x": ' + b"[" * depth + b"]" * depth + b"}"
+    response = proxy.http.post(path, content=body, headers=JSON)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]  # (in Anthropic's shape on its routes: no `code`)
+    assert error.get("code", "invalid_json") == "invalid_json"
+    assert (
+        error["message"] == "request body is JSON nested deeper than the proxy reads (about 1,000 levels)"
+    ), error
+    assert up.calls() == []
+    proxy.settled()
+
+
+@pytest.mark.parametrize("depth", [1_100, 100_000])
+def test_a_management_body_nested_past_what_the_parser_reads_is_told_as_such(
+    proxy: Instance, depth: int
+) -> None:
+    before = proxy.runtime.settings.document() if proxy.runtime else None
+    body = b'{"modelLockout": ' + b"[" * depth + b"]" * depth + b"}"
+    response = proxy.send("PATCH", "/api/settings", body, headers=JSON)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"] == "the body is JSON nested deeper than the proxy reads (about 1,000 levels)", (
+        error
+    )
+    assert "recursion" not in response.text
+    assert proxy.runtime is not None and proxy.runtime.settings.document() == before
+
+
 def quoted_at_most(text: str, needle: str, limit: int = ECHO_LIMIT) -> bool:
     """Does `text` quote no more than `limit` characters of `needle` (a run of one character)?"""
     return needle[0] * (limit + 1) not in text

@@ -311,7 +311,9 @@ def test_reset_rejects_malformed_json(proxy: Instance, body: bytes) -> None:
     open_breaker(proxy, "alpha")
     error = rejected(proxy.send("POST", "/api/resilience/reset", body), 400)
     assert error["code"] == "invalid_request"
-    assert error["message"].startswith("malformed JSON body")
+    # (Nested past the parser's depth, it cannot tell whether the body would have been closed.)
+    said = "the body is JSON nested deeper than" if body.startswith(b"[[") else "malformed JSON body"
+    assert error["message"].startswith(said)
     assert breaker_states(proxy) == {"alpha": "OPEN", "beta": "CLOSED"}
 
 
