@@ -70,7 +70,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _request_id()
+        request_id = new_request_id()
         state = scope.get("state")
         if state is None:  # (uvicorn gives every scope one: `setdefault` would make a dict for nothing)
             state = scope["state"] = {}
@@ -246,7 +246,7 @@ _ids = b""
 _ids_at = 0
 
 
-def _request_id() -> str:
+def new_request_id() -> str:
     """16 hex digits from the system's random source, read 512 ids at a time (one read per
     request was a system call per request)."""
     global _ids, _ids_at

@@ -28,6 +28,7 @@ import uvicorn
 from proxy import __version__, logs
 from proxy.app import create_app
 from proxy.config import Config, ConfigError, load_config, resolve_config_path, resolve_state_path
+from proxy.protocol import BoundedHttp
 from proxy.runtime import Runtime
 from proxy.signals import StopSignals, release_lost_terminal
 from proxy.statelock import StateInUse, StateLock, lock_path
@@ -249,6 +250,7 @@ def _uptime(ms: float) -> str:
 def make_server(runtime: Runtime, sock: socket.socket, *, log_level: str = "warning") -> uvicorn.Server:
     config = uvicorn.Config(
         create_app(runtime),
+        http=BoundedHttp,  # httptools with a bounded request head (proxy.protocol)
         log_level=log_level,
         access_log=False,
         lifespan="on",

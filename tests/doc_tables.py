@@ -217,6 +217,9 @@ LIMITS: dict[str, tuple[Limit, ...]] = {
               "MAX_RETRY_AFTER_MS", _ms),
     ),
     "api": (
+        Limit("largest request line and headers, any route (else 431)", "proxy.protocol", "HEAD_LIMIT", _bytes),
+        Limit("longest a request line and headers may take to arrive (else 408, or a close when nothing came)",
+              "proxy.protocol", "HEAD_TIMEOUT_S", _s),
         Limit("largest `/v1/*` request body (else 413)", "proxy.pipeline", "MAX_BODY_BYTES", _bytes),
         Limit("longest silence while a `/v1/*` body arrives (else 408)", "proxy.pipeline",
               "BODY_IDLE_TIMEOUT_S", _s),
