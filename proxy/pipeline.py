@@ -486,13 +486,16 @@ class Pipeline:
             if api in ("messages", "responses"):
                 owners = self.owners if api == "responses" else None
                 # A conversation continued by `previous_response_id` lives only at the connection
-                # that created that response: another key of the provider answers 400
-                # `previous_response_not_found`. It is tried first, as a session pin would be.
+                # that created that response: another key, or another provider of a combo, answers
+                # 400 `previous_response_not_found`. It is tried first, before the combo's order
+                # and before a session pin.
                 follows = (
                     await owners.lookup(previous)
                     if owners is not None and type(previous) is str and RESPONSE_ID.fullmatch(previous)
                     else None
                 )
+                if follows is not None:
+                    targets = _creator_first(targets, follows, self.engine)
                 wire = Wire(api, _client_headers(headers), owners, follows)
             if record is not None:
                 record.route = "combo" if route.combo is not None else "target" if "/" in model else "bare"
@@ -1462,6 +1465,19 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
 
 
 # -- the request trail's ends ------------------------------------------------------------------------
+
+
+def _creator_first(targets: list[Target], connection_id: str, engine: Engine) -> list[Target]:
+    """`targets` with those that reach `connection_id` (where a continued conversation lives) first,
+    the rest in their order."""
+    connection = engine.connections.get(connection_id)
+    if connection is None:
+        return targets
+    provider = connection.spec.provider
+    first = [t for t in targets if t.provider == provider and t.connection_id in (None, connection_id)]
+    if not first or first[0] is targets[0]:
+        return targets
+    return first + [t for t in targets if t not in first]
 
 
 def _request_id(scope: Scope) -> str:

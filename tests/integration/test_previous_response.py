@@ -62,3 +62,55 @@ def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_creat
             client.close()
     finally:
         server.stop()
+
+
+def test_a_continued_conversation_goes_to_its_creator_across_a_combos_targets(
+    launch: Callable[..., Proxy],
+) -> None:
+    """The creator comes before the combo's order too: a round-robin combo of two providers sent
+    every other turn of a conversation to the provider that does not know it (a 400 each time)."""
+    ids = itertools.count(1)
+    known: dict[str, str] = {}
+    served: list[str] = []
+
+    async def create(request: Request) -> Response:
+        body = await request.json()
+        key = request.headers["authorization"]
+        served.append(key)
+        previous = body.get("previous_response_id")
+        if previous is not None and known.get(previous) != key:
+            error = {
+                "message": "not found",
+                "type": "invalid_request_error",
+                "code": "previous_response_not_found",
+            }
+            return JSONResponse({"error": error}, status_code=400)
+        ident = f"resp_{next(ids)}"
+        known[ident] = key
+        return JSONResponse(dialects.response(ident, body["model"], "hi"))
+
+    server = LiveServer(Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])).start()
+    try:
+        config = ""
+        for pid in ("one", "two"):
+            config += (
+                f'[providers.{pid}]\nclass = "apikey"\nbase_url = "{server.url}/v1"\napis = ["responses"]\n\n'
+                f'[[providers.{pid}.connections]]\nid = "{pid}-key"\napi_key = "sk-{pid}-0123456789"\n\n'
+            )
+        config += '[combos.rr]\nstrategy = "round-robin"\ntargets = ["one/m1", "two/m1"]\n\n'
+        proxy = launch(config)
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0)
+        try:
+            previous = client.responses.create(model="rr", input="hi").id
+            for turn in range(5):
+                previous = client.responses.create(
+                    model="rr", input=f"turn {turn}", previous_response_id=previous
+                ).id
+            # New conversations still go round the combo.
+            client.responses.create(model="rr", input="another")
+            client.responses.create(model="rr", input="and another")
+        finally:
+            client.close()
+        assert len(set(served[:6])) == 1 and served[6] != served[7], served
+    finally:
+        server.stop()
