@@ -52,6 +52,7 @@ from proxy.config import Config, ProviderConfig, shown_url
 from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.guard import HEADERS_KEY
 from proxy.owners import RESPONSE_ID
+from proxy.resilience.breaker import BreakerState
 from proxy.resilience.clock import Clock, sleep_until
 from proxy.resilience.errors import ExecutionTimeout, QueueFull, Withdrawn
 from proxy.resilience.events import Event
@@ -94,7 +95,9 @@ _SESSION_KEYS = tuple(h.encode() for h in SESSION_HEADERS)
 _CLIENT_KEYS = tuple((h, h.encode()) for h in CLIENT_HEADERS)
 WAIT_SLACK_MS = 50.0
 _NUDGING_LAYERS = frozenset(("operator", "settings"))
-"""The events after which a request waiting out a cooldown looks again at once (`Pipeline.nudge`)."""
+"""The events after which a request waiting out a cooldown looks again at once (`Pipeline.nudge`),
+besides a probe that settled (a breaker leaving `HALF_OPEN`)."""
+_HALF_OPEN = BreakerState.HALF_OPEN.value
 _RETRY_HINT = re.compile(
     r"[0-9]{1,12}(?:\.[0-9]{1,6})?|[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT"
 )
@@ -319,12 +322,14 @@ class Pipeline:
         return await _while_connected(receive, work, lambda: self.stopping)
 
     def nudge(self, event: Event) -> None:
-        """An event bus subscriber: an operator's action or a settings change may have freed what a
-        waiting request waits for (a breaker reset, a connection re-enabled) or turned waiting
-        off, so every request waiting out a cooldown looks again now rather than at the recovery
-        it planned for (up to a minute and a half away). One that still finds nothing waits again
-        for what is left."""
-        if event.layer in _NUDGING_LAYERS and self._sleepers:
+        """An event bus subscriber: an operator's action, a settings change or a breaker's change
+        (its probe settled) may have freed what a waiting request waits for (a breaker reset or
+        closed, a connection re-enabled) or turned waiting off, so every request waiting out a
+        cooldown looks again now rather than at the recovery it planned for (up to a minute and a
+        half away). One that still finds nothing waits again for what is left."""
+        if self._sleepers and (
+            event.layer in _NUDGING_LAYERS or (event.layer == "breaker" and event.from_ == _HALF_OPEN)
+        ):
             for wake in self._sleepers:
                 if not wake.done():
                     wake.set_result(None)
@@ -602,10 +607,12 @@ class Pipeline:
             or progress.waits >= wait.max_attempts
         ):
             return False
-        wake = decision.earliest_waitable
+        now = self.engine.clock.now()
+        wake = _wake_at(
+            decision, now + min(wait.max_wait_ms, wait.budget_ms - progress.waited_ms) - WAIT_SLACK_MS
+        )
         if wake is None:
             return False
-        now = self.engine.clock.now()
         delay_ms = max(0.0, wake - now) + WAIT_SLACK_MS
         if delay_ms > wait.max_wait_ms or progress.waited_ms + delay_ms > wait.budget_ms:
             return False
@@ -1465,6 +1472,19 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
 
 
 # -- the request trail's ends ------------------------------------------------------------------------
+
+
+def _wake_at(decision: NoTarget, probe_settled_by: float) -> float | None:
+    """When a request that found nothing eligible looks again: the earliest recovery it may wait
+    for. A probe in flight settles when its upstream answers, which no estimate knows: its wait
+    lasts until the breaker's event says it settled (`Pipeline.nudge`), or `probe_settled_by`."""
+    wake: float | None = None
+    for skip in decision.skips:
+        if skip.waitable and skip.retry_at is not None:
+            at = probe_settled_by if skip.reason == "probe_in_flight" else skip.retry_at
+            if wake is None or at < wake:
+                wake = at
+    return wake
 
 
 def _creator_first(targets: list[Target], connection_id: str, engine: Engine) -> list[Target]:

@@ -710,6 +710,35 @@ def test_case_27_both_targets_cooling_wait_enabled_succeeds_once_the_first_recov
     proxy.settled()
 
 
+def test_a_request_waits_out_a_long_probe_and_is_served_when_it_settles(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A probe in flight was waited on a second at a time, each wait one of `maxAttempts`: behind a
+    probe that streamed for 11 s every other request got 503 after five. Now a request waits until
+    the probe settles (its breaker's event ends the wait), up to `maxWaitMs`."""
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"), settings=WAIT_ON, clock=clock)
+    breaker = proxy.rt.engine.providers["loc"].breaker
+    for _ in range(breaker.policy.failure_threshold):
+        breaker.record_failure(clock.now())
+    clock.advance(breaker.policy.reset_timeout_ms + 1)  # HALF_OPEN: the next request is the probe
+    up.fake.script(Reply("slow_headers", delay_ms=600))  # (real time: the probe's upstream is slow)
+    probe = in_thread(lambda: proxy.chat("loc/m1"))
+    wait_until(lambda: up.fake.in_flight == 1, what="the probe to reach the upstream")
+    waiter = in_thread(lambda: proxy.http.post(CHAT_PATH, json=chat("loc/m1"), timeout=5))
+    pipeline = proxy.rt.pipeline
+    wait_until(lambda: pipeline.waiting == 1, what="the request to wait for the probe")
+    clock.advance(10_000)  # ten seconds of the engine's time with the probe still in flight
+    assert probe().status_code == 200
+    response = waiter()
+    assert response.status_code == 200, response.text  # served when the probe closed the breaker
+    assert len(up.calls()) == 2
+    rec = proxy.http.get(f"/api/requests/{response.headers['x-request-id']}").json()["request"]
+    assert [w["reason"] for w in rec["waits"]] == ["nothing eligible; waited for loc/m1 (probe_in_flight)"]
+    proxy.settled()
+
+
 def test_case_27_both_targets_cooling_wait_disabled_is_429_retry_after_2(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
 ) -> None:
