@@ -74,12 +74,24 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
         return error_response(400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model")
     if len(model) > untrusted.MODEL_LIMIT:
         return error_response(400, untrusted.MODEL_TOO_LONG, "invalid_model")
-    route = await runtime.router.resolve(model)
+    pinned_raw = [v for k, v in request.scope["headers"] if k.lower() == b"x-omniroute-connection"]
+    if len(pinned_raw) > 1:  # (as the chat-like routes say it)
+        return error_response(
+            400, "X-OmniRoute-Connection is given more than once; give one", "invalid_request"
+        )
+    pinned = pinned_raw[0].decode("latin-1") if pinned_raw else None
+    route = await runtime.router.resolve(model, pinned)
     if route is None:
         return error_response(
             404,
             f"model {untrusted.echo(model)!r} is not a configured provider/model or combo",
             "model_not_found",
+        )
+    if not route.targets:
+        return error_response(
+            404,
+            f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
+            "connection_not_found",
         )
     config = runtime.config
     eligible = [t for t in route.targets if "messages" in config.providers[t.provider].apis]
@@ -88,12 +100,8 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
             404, f"model {untrusted.echo(model)!r}: no target speaks the messages API", "model_not_found"
         )
     picked = _pick(runtime, eligible)
-    if picked is None:
-        return error_response(
-            503,
-            f"no target of {untrusted.echo(model)!r} can take a request right now",
-            "all_targets_unavailable",
-        )
+    if picked is None:  # the answer a chat request gets when nothing is eligible, Retry-After and all
+        return runtime.pipeline.nothing_eligible(eligible)
     target, connection_id = picked
     try:
         data = untrusted.dumps({**body, "model": target.model})
@@ -115,6 +123,8 @@ def _pick(runtime: Runtime, targets: list[Target]) -> tuple[Target, str] | None:
         if provider is None or not provider.breaker.can_execute(now):
             continue
         for conn in provider.connections:
+            if target.connection_id is not None and conn.id != target.connection_id:
+                continue  # pinned (X-OmniRoute-Connection) to another
             if conn.health.is_eligible(now) and not engine.lockouts.is_locked(
                 target.provider, conn.id, target.model, now
             ):

@@ -1256,6 +1256,13 @@ class Pipeline:
         self._usual_headers[conn_id] = usual  # one per configured connection
         return usual
 
+    def nothing_eligible(self, targets: list[Target]) -> Response:
+        """The answer to a single-attempt request (`count_tokens`) that none of `targets` can take
+        now: what a chat request that may not wait is answered (its status, words, `skipped` and
+        Retry-After)."""
+        decision = NoTarget(tuple(self.engine.explain(targets, set())))
+        return self._unavailable(decision, _Progress(), targets)
+
     def _unavailable(self, decision: NoTarget, progress: _Progress, targets: list[Target]) -> Response:
         now = self.engine.clock.now()
         relevant = [s for s in decision.skips if s.reason != "already_tried"]

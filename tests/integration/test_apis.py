@@ -435,6 +435,62 @@ def test_count_tokens_refuses_a_model_name_no_model_has(
     assert up.fake.requests == []
 
 
+def test_count_tokens_honours_a_pinned_connection_as_messages_does(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """`X-OmniRoute-Connection` means that connection only, on every route: count_tokens served a
+    pin to a cooling key from another key, and a pin to an unknown connection from any."""
+    up = upstreams("claude-up")
+    proxy = launch(claude("claude", up.url, "key-a", "key-b"))
+    client = anthropic_client(proxy)
+    counted = client.messages.count_tokens(
+        model="claude/sonnet", messages=USER, extra_headers={"X-OmniRoute-Connection": "key-b"}
+    )
+    assert counted.input_tokens > 0
+    assert up.calls("/v1/messages/count_tokens")[-1].headers["x-api-key"] == "key-key-b"
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        client.messages.count_tokens(
+            model="claude/sonnet", messages=USER, extra_headers={"X-OmniRoute-Connection": "nope"}
+        )
+    assert "connection 'nope' is unknown" in str(unknown.value)
+    up.fake.script(Reply("error", status=429, headers={"retry-after": "40"}))
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.create(
+            model="claude/sonnet",
+            max_tokens=8,
+            messages=USER,
+            extra_headers={"X-OmniRoute-Connection": "key-a"},
+        )
+    with pytest.raises(anthropic.RateLimitError) as cooling:
+        client.messages.count_tokens(
+            model="claude/sonnet", messages=USER, extra_headers={"X-OmniRoute-Connection": "key-a"}
+        )
+    assert int(cooling.value.response.headers["retry-after"]) >= 39
+    assert len(up.calls("/v1/messages/count_tokens")) == 1  # key-b was not asked in key-a's place
+
+
+def test_count_tokens_with_nothing_eligible_answers_as_messages_does(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """The same status and Retry-After as `/v1/messages` (429 while a key cools, with its hint), not
+    a 503 with none that the SDK retries at once."""
+    up = upstreams("claude-up")
+    proxy = launch(claude("claude", up.url, "key-a"))
+    client = anthropic_client(proxy)
+    up.fake.script(Reply("error", status=429, headers={"retry-after": "40"}))
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.create(model="claude/sonnet", max_tokens=8, messages=USER)
+    with pytest.raises(anthropic.RateLimitError) as messages:
+        client.messages.create(model="claude/sonnet", max_tokens=8, messages=USER)
+    with pytest.raises(anthropic.RateLimitError) as counting:
+        client.messages.count_tokens(model="claude/sonnet", messages=USER)
+    for refused in (messages.value, counting.value):
+        assert int(refused.response.headers["retry-after"]) >= 39
+        assert refused.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert "key-a: cooling after 429 rate_limited" in str(counting.value)
+    assert up.calls("/v1/messages/count_tokens") == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The whole program
 
