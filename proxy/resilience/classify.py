@@ -135,7 +135,14 @@ _MODEL_MISSING = _words(
     "no such model",
     "not a valid model",
 )
-_CONTEXT_LENGTH = _words("context_length_exceeded", "context length", "maximum context", "too many tokens")
+_CONTEXT_LENGTH = _words(
+    "context_length_exceeded",
+    "context length",
+    "maximum context",
+    "too many tokens",
+    "prompt is too long",  # Anthropic's ("prompt is too long: 210000 tokens > 200000 maximum")
+    "exceeds the available context size",  # llama.cpp's server
+)
 
 _B, _C, _L = BreakerEffect, ConnectionEffect, LockoutEffect
 

@@ -318,6 +318,27 @@ ROWS = [
         ON,
         Verdict(B.NONE, C.NONE, L.NONE, True, "context_length", False),
     ),
+    (
+        # Anthropic's words for it (what Claude Code gets when its conversation outgrew the model)
+        "400-anthropic-prompt-too-long",
+        Outcome.http(
+            400,
+            '{"type": "error", "error": {"type": "invalid_request_error",'
+            ' "message": "prompt is too long: 210000 tokens > 200000 maximum"}}',
+        ),
+        False,
+        ON,
+        Verdict(B.NONE, C.NONE, L.NONE, True, "context_length", False),
+    ),
+    (
+        "400-llama-cpp-context-size",  # llama.cpp's server
+        Outcome.http(
+            400, '{"error": {"message": "the request exceeds the available context size, try increasing it"}}'
+        ),
+        False,
+        ON,
+        Verdict(B.NONE, C.NONE, L.NONE, True, "context_length", False),
+    ),
     # any other 4xx: back to the client as it is
     (
         "400",
