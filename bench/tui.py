@@ -22,7 +22,9 @@
     once a second (so the stream carries events and rows) and reports how long each change took
     to reach its mirror; bar: <= 0.5 s. Its p99 is compared with the headless proxy's under the
     same toggles, sent by a plain API client (*toggled*): an operator changes things with or
-    without a console, and the ratio is to say what attaching one costs.
+    without a console, and the ratio is to say what attaching one costs. Each round also runs
+    *toggled* a second time (*again*, an A/A) and the *control* (1 % of a core burnt in 0.1 ms
+    slices on the console's core): what their ratios spread over is the benchmark's own resolution.
 (e) One redraw tick on the Requests tab with 2,000 finished request records and 50 alive ones
     (whose ages tick), after the clock moved one second, and after 20 more requests ended. Bar:
     <= 50 ms.
@@ -69,8 +71,10 @@ BARS = {
     "followers": 1.10,
     "change_s": 0.5,
 }
-OBSERVED = ("toggled", "control", "attached", "followers")
-"""Modes that run the headless proxy with observers attached from other processes."""
+OBSERVED = ("toggled", "again", "control", "attached", "followers")
+"""Modes that run the headless proxy with observers attached from other processes. *again* is the
+toggled baseline run a second time in each round (an A/A): the spread of its ratio to the first is
+the benchmark's own, which a bar on the attached console's ratio cannot be finer than."""
 FOLLOWERS = 10
 CONTROL_RATE = 100
 CONTROL_SLICE_MS = 0.1
@@ -506,7 +510,7 @@ def start_observers(
 ) -> tuple[list[subprocess.Popen[bytes]], list[socket.socket]]:
     """(d): the attached console, or the followers (one of them a socket that never reads)."""
     url = f"http://127.0.0.1:{port}"
-    if mode in ("toggled", "control"):
+    if mode in ("toggled", "again", "control"):
         burn = ["--burn"] if mode == "control" else []
         return [
             subprocess.Popen(
@@ -828,7 +832,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := sorted(set(observed) - {"attached", "followers"}):
         ap.error(f"unknown observer modes {unknown}; choose among attached, followers")
     if "attached" in observed:
-        observed[0:0] = ["toggled", "control"]  # the attached console's baseline, and the control
+        # the attached console's baseline, the baseline again (the A/A), and the control
+        observed[0:0] = ["toggled", "again", "control"]
     if args.toggle:
         asyncio.run(toggle(args.toggle, burn=args.burn))
         return 0
@@ -922,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         p99s = [r["p99_ms"] for r in runs[key]]
         p99 = statistics.median(p99s)
-        if key in ("attached", "control"):
+        if key in ("attached", "again", "control"):
             baseline, against = runs["toggled"], "headless under the same toggles"
             toggled = [r["p99_ms"] for r in baseline]
             print(
@@ -936,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         what = {
             "attached": f"one attached console ({ATTACHED_TAB} tab)",
             "control": f"the control ({CONTROL_RATE * CONTROL_SLICE_MS / 1000:.0%} of a core burnt, nothing else)",
+            "again": "the toggled baseline run again (an A/A: nothing differs but the turn it runs in)",
         }.get(key, f"{FOLLOWERS} followers, one never reading")
         cpu = statistics.median(r["cpu_us"] / b["cpu_us"] for r, b in zip(runs[key], baseline, strict=True))
         print(f"  (d) the proxy's CPU per request with {what}: x{cpu:.3f} the baseline's (per round, median)")
@@ -948,6 +954,12 @@ def main(argv: list[str] | None = None) -> int:
             f"  (d) p99 with {what}: median {p99:.2f} ms ({min(p99s):.2f}-{max(p99s):.2f}), {p99 / base:.2f}x "
             f"the baseline's median; per round {ratio:.2f}x {against}{judged}"
         )
+        rounds = sorted(r["p99_ms"] / b["p99_ms"] for r, b in zip(runs[key], baseline, strict=True))
+        if len(rounds) >= 4:
+            q1, _, q3 = statistics.quantiles(rounds, n=4)
+            print(
+                f"      the rounds' own ratios: {rounds[0]:.2f}-{rounds[-1]:.2f}, middle half {q1:.2f}-{q3:.2f}"
+            )
         if key == "attached":
             medians = [r["change_median_s"] for r in runs[key]]
             worst = max(r["change_max_s"] for r in runs[key])
