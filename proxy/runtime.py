@@ -54,8 +54,12 @@ ACK_FLUSH_S = 5.0
 
 
 def not_saved(problem: str) -> str:
-    """What an operator is told of an action the store refused: it is in effect all the same."""
-    return f"done and in effect, but not saved: {problem}; a restart would undo it"
+    """What an operator is told of an action the store refused: it is in effect all the same, and
+    the store's writer keeps trying (a disk that has room again takes it)."""
+    return (
+        f"done and in effect, but not saved: {problem}; it is saved as soon as the state file takes"
+        " writes again (until then, a restart would undo it)"
+    )
 
 
 SETTINGS_TRIES = 5

@@ -632,11 +632,42 @@ class SqliteStore:
             self._cond.notify_all()
         self._thread.join(_CLOSE_JOIN_TIMEOUT_S)
         with self._fg_lock:
+            if self._moved() is not None:
+                self._fold_into_moved_file()
             self._fg.close()
         if self._thread.is_alive():  # a hung disk: leave its connection to the daemon thread
             _log.error("%s: the state writer did not stop within %ss", self.path, _CLOSE_JOIN_TIMEOUT_S)
         else:
             self._writer_db.close()
+
+    def _fold_into_moved_file(self) -> None:
+        """At close, the path no longer leads to this store's file (moved, removed or replaced while
+        the instance ran). SQLite does not fold the write-ahead log into a file that moved when it
+        closes: `mv state.db state.db.bak` left a `.bak` of bare headers and the state in a
+        `state.db-wal` that the next start on `state.db` overwrote. The log is folded in here, so
+        that a moved file holds the whole state (as of the move: later writes were refused), and
+        the log says where it is."""
+        try:
+            self._fg.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            _log.error(
+                "%s: cannot fold the write-ahead log into the moved state file: %s", self.path, _reason(exc)
+            )
+            return
+        now_at = _found_as(self.path, self._identity)
+        if now_at is not None:
+            _log.warning(
+                "%s: the state file was moved to %s while the instance ran; the state is there, whole"
+                " (move it back before the next start, which would otherwise begin with none)",
+                self.path,
+                now_at,
+            )
+        else:
+            _log.warning(
+                "%s: the state file was removed or replaced while the instance ran; the state it held"
+                " is gone with it (the next start reads what the path holds now)",
+                self.path,
+            )
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -799,6 +830,21 @@ def _blocking_file(path: str) -> str | None:
     for parent in Path(path).parents:
         if parent.is_file():
             return f"{parent} is a file, not a directory"
+    return None
+
+
+def _found_as(path: str, identity: tuple[int, int] | None) -> str | None:
+    """Where the file `identity` names is now, if it is still in `path`'s folder (a rename)."""
+    if identity is None:
+        return None
+    try:
+        with os.scandir(os.path.dirname(os.path.abspath(path))) as entries:
+            for entry in entries:
+                found = entry.stat(follow_symlinks=False)
+                if (found.st_dev, found.st_ino) == identity:
+                    return entry.path
+    except OSError:
+        return None
     return None
 
 

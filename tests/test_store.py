@@ -513,6 +513,31 @@ def test_a_key_that_is_not_utf8_text_is_dropped_and_the_writer_lives_on(
     assert "not UTF-8 text" in caplog.text
 
 
+def test_a_state_file_moved_away_under_the_store_holds_the_whole_state_and_the_log_says_where(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`mv state.db state.db.bak` while the instance ran: SQLite does not fold the write-ahead log
+    into a file that moved when it closes, so the `.bak` held a bare header and the state sat in a
+    `state.db-wal` that the next start on `state.db` overwrote, with nothing logged (found by a
+    lifecycle trial). The store folds the log in at close and says where the state went."""
+    store = SqliteStore(db_path, batch_interval=0.01)
+    try:
+        store.save_settings({"comboCooldownWait": {"maxWaitMs": 4242}})
+        store.save_breakers({"openai": BREAKER})
+        assert store.flush()
+        moved = db_path.with_name(db_path.name + ".bak")
+        db_path.rename(moved)
+    finally:
+        store.close()
+    assert read(moved, "SELECT provider FROM breakers") == [("openai",)]
+    kept = SqliteStore(moved)
+    try:
+        assert kept.load().settings == {"comboCooldownWait": {"maxWaitMs": 4242}}
+    finally:
+        kept.close()
+    assert f"{db_path}: the state file was moved to {moved} while the instance ran" in caplog.text
+
+
 @pytest.mark.parametrize("how", ["removed", "replaced"])
 def test_a_state_file_removed_or_replaced_under_the_store_refuses_what_it_cannot_keep(
     db_path: Path, how: str

@@ -1074,6 +1074,35 @@ async def test_with_a_token_remote_clients_need_it(guarded_app: Callable[[str | 
     assert body["status"] == "healthy"
 
 
+def test_an_action_the_full_disk_refuses_is_saved_when_it_has_room_again_as_its_answer_says(
+    make_instance: Callable[..., Instance],
+) -> None:
+    """An action stays in effect when the store refuses it; the store keeps trying, and saves it
+    once the disk has room. The answer said "a restart would undo it", which the next successful
+    write made untrue (found by a lifecycle trial): it says when that holds."""
+    with small_disk(512) as disk:
+        state = disk / "state.db"
+        proxy = make_instance(state=state)
+        try:
+            fill_up(disk)
+            response = proxy.send("PUT", "/api/providers/alpha-1", {"isActive": False})
+            assert response.status_code == 500, response.text
+            error = response.json()["error"]
+            assert error["code"] == "action_not_saved"
+            assert "the disk is full" in error["message"]
+            assert error["message"].endswith(
+                "; it is saved as soon as the state file takes writes again (until then, a restart"
+                " would undo it)"
+            )
+            (disk / "filler").unlink()
+            assert proxy.runtime is not None and proxy.runtime.store.flush(10.0)
+            proxy.restart()
+            assert ok_json(proxy.get("/api/resilience/connections"))["connections"][0]["status"] == "disabled"
+        finally:
+            (disk / "filler").unlink(missing_ok=True)
+            proxy.stop()
+
+
 def test_a_settings_change_the_disk_refuses_is_a_500_with_the_reason_and_not_applied(
     make_instance: Callable[..., Instance], caplog: pytest.LogCaptureFixture
 ) -> None:
