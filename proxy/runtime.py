@@ -45,6 +45,7 @@ from proxy.upstream import Timeouts, UpstreamClient, UpstreamFailure
 
 if TYPE_CHECKING:
     from proxy.fleet import FleetState
+    from proxy.statelock import StateLock
 
 log = logging.getLogger("omniroute")
 
@@ -83,6 +84,8 @@ class Runtime:
         self.version = __version__
         self.demo = False
         """True when serving the built-in simulated upstreams (`--demo`)."""
+        self.state_lock: StateLock | None = None
+        """The lock on the state file this instance owns (proxy/statelock.py), when it has one."""
         self.clock: Clock = clock or SystemClock()
         self.bus = EventBus()
         self.scrubber = Scrubber(config.secrets())
@@ -210,7 +213,10 @@ class Runtime:
 
     def stopping(self) -> None:
         """The server has begun to stop (serve.make_server): the live streams end, and requests
-        that wait are answered now (`Pipeline.stop`); those upstream get the grace period."""
+        that wait are answered now (`Pipeline.stop`); those upstream get the grace period. The
+        state file's lock says so, so that a restart meanwhile waits for it (not refused)."""
+        if self.state_lock is not None:
+            self.state_lock.mark_stopping()
         self.stream.close()
         self.pipeline.stop()
 

@@ -108,8 +108,9 @@ async def listening(
         sock = bind_socket(server.host, server.port, token=server.management_token)
         try:
             # A fleet's replicas keep their state in Redis, not in a file: no file to lock.
-            with contextlib.nullcontext() if config.state.shared else _lock(state_path, sock):
+            with contextlib.nullcontext() if config.state.shared else _lock(state_path, sock) as lock:
                 runtime = _runtime(options, config, state_path, env)
+                runtime.state_lock = lock
                 try:
                     yield runtime, sock
                 finally:
@@ -147,7 +148,16 @@ def _runtime(options: Options, config: Config, state_path: Path, env: Mapping[st
 
 def _lock(state_path: Path, sock: socket.socket) -> StateLock:
     try:
-        return StateLock.acquire(state_path, url=listen_url(sock), version=__version__)
+        return StateLock.acquire(
+            state_path,
+            url=listen_url(sock),
+            version=__version__,
+            waiting=lambda owner: log.warning(
+                "%s: waiting for the instance that is stopping on it to finish (%s)",
+                state_path,
+                owner.describe(),
+            ),
+        )
     except StateInUse as exc:
         raise StartupError(str(exc)) from None
     except OSError as exc:

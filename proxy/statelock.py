@@ -27,6 +27,7 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +38,10 @@ __all__ = ["HardLinked", "Owner", "StateInUse", "StateLock", "lock_path", "runni
 ACQUIRE_PATIENCE_S = 0.5
 """How long a start retries a held lock: `running_owner` holds a shared lock for microseconds to
 test the file, and a start at that very moment must not be refused for it."""
+STOP_PATIENCE_S = 10.0
+"""How long a start waits for an instance on its state file that is stopping (its in-flight
+requests' grace, then its state written and its lock given up): a restart right after a stop must
+not be refused for it (exit 2, which a service manager does not retry)."""
 _RETRY_S = 0.02
 
 
@@ -57,6 +62,8 @@ class Owner:
     url: str | None
     version: str | None
     started: str | None
+    stopping: bool = False
+    """It has begun to stop (`StateLock.mark_stopping`): a start waits for it."""
 
     @classmethod
     def parse(cls, text: str) -> Owner:
@@ -71,13 +78,17 @@ class Owner:
             _typed(data, "url", str),
             _typed(data, "version", str),
             _typed(data, "started", str),
+            data.get("stopping") is True,
         )
 
     def describe(self) -> str:
         """`pid 4242, serving on 127.0.0.1:20128`: what an operator needs to find it."""
         parts = [f"pid {self.pid}" if self.pid is not None else "pid unknown"]
         if self.url:
-            parts.append(f"serving on {self.url.removeprefix('http://').removeprefix('https://')}")
+            where = self.url.removeprefix("http://").removeprefix("https://")
+            parts.append(f"stopping (it served on {where})" if self.stopping else f"serving on {where}")
+        elif self.stopping:
+            parts.append("stopping")
         return ", ".join(parts)
 
 
@@ -99,14 +110,20 @@ class StateInUse(Exception):
 class StateLock:
     """The held lock; `release()` (or leaving the `with` block) gives it up. Process exit does too."""
 
-    def __init__(self, path: Path, fd: int, file_fd: int | None = None) -> None:
+    def __init__(
+        self, path: Path, fd: int, file_fd: int | None = None, record: dict[str, Any] | None = None
+    ) -> None:
         self.path = path
         self._fd: int | None = fd
         self._file_fd = file_fd
+        self._record = record or {}
 
     @classmethod
-    def acquire(cls, state_path: Path, *, url: str, version: str) -> StateLock:
-        """Lock `state_path`'s lock file and the database file itself, and write who holds it.
+    def acquire(
+        cls, state_path: Path, *, url: str, version: str, waiting: Callable[[Owner], None] | None = None
+    ) -> StateLock:
+        """Lock `state_path`'s lock file and the database file itself, and write who holds it;
+        `waiting` is told once when the start waits for an instance that is stopping.
 
         StateInUse when another process holds it; OSError when the lock file cannot be created
         or written (its directory is not writable, the disk is full).
@@ -116,7 +133,7 @@ class StateLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         file_fd = None
         try:
-            if not _lock_patiently(fd):
+            if not _lock_patiently(fd, waiting):
                 raise StateInUse(state_path, Owner.parse(_read(fd)))
             owner = {
                 "pid": os.getpid(),
@@ -125,14 +142,21 @@ class StateLock:
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
             }
             file_fd = _lock_the_file(state_path)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+            _write(fd, owner)
         except BaseException:
             os.close(fd)  # closing drops the lock if we took it
             if file_fd is not None:
                 os.close(file_fd)
             raise
-        return cls(path, fd, file_fd)
+        return cls(path, fd, file_fd, owner)
+
+    def mark_stopping(self) -> None:
+        """The instance has begun to stop: its record says so, and a start on the same state file
+        waits for the lock (STOP_PATIENCE_S) instead of being refused. Best effort: a record that
+        cannot be written (a full disk) only costs that start its patience."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                _write(self._fd, {**self._record, "stopping": True})
 
     def release(self) -> None:
         """Idempotent. The owner record is cleared first, so the file never names a stopped instance."""
@@ -194,14 +218,28 @@ def _lock_the_file(state_path: Path) -> int | None:
     return fd
 
 
-def _lock_patiently(fd: int) -> bool:
-    """Take `fd`'s exclusive lock, retrying for ACQUIRE_PATIENCE_S; False when it stays held."""
-    deadline = time.monotonic() + ACQUIRE_PATIENCE_S
+def _lock_patiently(fd: int, waiting: Callable[[Owner], None] | None = None) -> bool:
+    """Take `fd`'s exclusive lock, retrying for ACQUIRE_PATIENCE_S, and for STOP_PATIENCE_S while its
+    holder is stopping (or its record is blank: one that is giving the lock up clears it first);
+    False when it stays held."""
+    started = time.monotonic()
+    told = False
     while not _try_lock(fd, exclusive=True):
-        if time.monotonic() >= deadline:
-            return False
+        waited = time.monotonic() - started
+        if waited >= ACQUIRE_PATIENCE_S:
+            owner = Owner.parse(_read(fd))
+            if waited >= STOP_PATIENCE_S or not (owner.stopping or owner.pid is None):
+                return False
+            if waiting is not None and owner.stopping and not told:
+                waiting(owner)
+                told = True
         time.sleep(_RETRY_S)
     return True
+
+
+def _write(fd: int, record: dict[str, Any]) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
 
 
 def running_owner(state_path: Path) -> Owner | None:

@@ -236,6 +236,8 @@ LIMITS: dict[str, tuple[Limit, ...]] = {
         Limit("how often a lasting write failure is logged again", "proxy.store", "_REPEAT_LOG_S", _s),
         Limit("how long a start retries a state lock held for a moment", "proxy.statelock",
               "ACQUIRE_PATIENCE_S", _s),
+        Limit("how long a start waits for an instance on its state file that is stopping", "proxy.statelock",
+              "STOP_PATIENCE_S", _s),
     ),
 }  # fmt: skip
 

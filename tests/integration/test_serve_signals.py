@@ -146,6 +146,34 @@ def test_in_flight_requests_get_the_grace_period(
     instance.assert_closed_cleanly()
 
 
+def test_a_restart_during_the_stop_waits_for_it_instead_of_being_refused(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
+) -> None:
+    """`kill -TERM`, then at once `omniroute serve` on the same state file (a restart by hand, a
+    script's): while the first gave its request its grace, the second was refused with exit 2,
+    "in use by omniroute (pid N, serving on ...)" (found by a lifecycle trial). It waits."""
+    fake, url = upstream
+    fake.default(Reply("slow_headers", delay_ms=1500))
+    first = serves(url)
+    proc = first.start()
+    request = InFlight(first.port)
+    wait_for(lambda: fake.in_flight == 1, STOP_S, "the request reaching the upstream")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: port_refuses(first.port), STOP_S, "the first to begin its stop")
+    again = start_headless(first.args)
+    try:
+        assert request.result().status_code == 200
+        assert exit_code(proc, STOP_S) == 0
+        wait_for(lambda: serving(first.port) or again.poll() is not None, STARTUP_S, "the restart serving")
+        assert again.poll() is None, stderr_of(again)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert exit_code(again, STOP_S) == 0
+    said = stderr_of(again)
+    assert "in use by omniroute" not in said
+    assert "waiting for the instance that is stopping on it to finish (pid" in said
+
+
 @pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_second_signal_while_stopping_exits_at_once(
     serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str], second: signal.Signals
