@@ -458,7 +458,9 @@ class SqliteStore:
             raise StoreError(f"{self.path}: not a valid state database (missing tables {sorted(missing)})")
         check = conn.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
-            raise StoreError(f"{self.path}: not a valid state database (integrity check: {check})")
+            # (SQLite's report is a line per finding: a start's refusal is one line on stderr.)
+            said = "; ".join(line.strip(" *") for line in str(check).splitlines() if line.strip(" *"))
+            raise StoreError(f"{self.path}: not a valid state database (integrity check: {said})")
         # Prove the file can be written, through the WAL and its index as every later write goes:
         # SQLite opens a file it may not write read-only and says nothing until the first write,
         # which would be the writer thread's, retrying forever while the proxy serves.

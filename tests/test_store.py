@@ -513,6 +513,24 @@ def test_a_key_that_is_not_utf8_text_is_dropped_and_the_writer_lives_on(
     assert "not UTF-8 text" in caplog.text
 
 
+def test_a_damaged_database_is_refused_in_one_line(db_path: Path) -> None:
+    """SQLite's integrity check reports on lines of their own ("*** in database main ***", then a
+    line per page): the refusal is one line on stderr, as every start refusal is (found by a
+    lifecycle trial)."""
+    store = SqliteStore(db_path)
+    store.save_breakers({f"p{i}": BREAKER for i in range(200)})
+    assert store.flush()
+    store.close()
+    with open(db_path, "r+b") as raw:  # page 3's header: a first freeblock where there is none
+        raw.seek(2 * 4096 + 1)
+        raw.write(b"\x00\x10")
+    with pytest.raises(StoreError) as refused:
+        SqliteStore(db_path).close()
+    said = str(refused.value)
+    assert "not a valid state database (integrity check: " in said
+    assert "\n" not in said and "  " not in said, said
+
+
 def test_a_state_file_moved_away_under_the_store_holds_the_whole_state_and_the_log_says_where(
     db_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
