@@ -294,11 +294,37 @@ class Problem:
 class ConfigError(Exception):
     """A config file that cannot be used. `str()` is the whole message, one problem per line."""
 
-    def __init__(self, path: Path | None, problems: Sequence[Problem | str]) -> None:
+    def __init__(
+        self, path: Path | None, problems: Sequence[Problem | str], partial: Config | None = None
+    ) -> None:
         self.path = path
         self.problems = tuple(p if isinstance(p, Problem) else Problem(p) for p in problems)
+        self.partial = partial
+        """The file as far as it could be read, when it parsed (`with_refusals` reads it)."""
         prefix = f"{path}: " if path is not None else ""
         super().__init__("\n".join(f"{prefix}{p}" for p in self.problems))
+
+    def with_refusals(self, host: str | None = None, port: int | None = None) -> ConfigError:
+        """This error with what a start would also refuse (`Config.refusals`, with the command
+        line's `host` and `port` in the file's place), so that a file is told every problem at once:
+        a non-loopback host without tokens was said only once the other problems were fixed. Not
+        when the `[server]` section has problems of its own: its refusal would read a guess."""
+        partial = self.partial
+        if partial is None or any(p.key is not None and p.key.startswith("server.") for p in self.problems):
+            return self
+        server = replace(
+            partial.server,
+            host=host if host is not None else partial.server.host,
+            port=port if port is not None else partial.server.port,
+        )
+        refusals = replace(partial, server=server).refusals()
+        if not refusals:
+            return self
+        text = _read_text(self.path)
+        lines = _key_lines(text) if text is not None and host is None else {}
+        return ConfigError(
+            self.path, [*self.problems, *(replace(p, line=_line_of(p.key, lines)) for p in refusals)]
+        )
 
 
 def is_loopback_host(host: str) -> bool:
@@ -442,7 +468,7 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
     config = reader.config(doc, path)
     if reader.problems:
         lines = _key_lines(text)
-        raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems])
+        raise ConfigError(path, [replace(p, line=_line_of(p.key, lines)) for p in reader.problems], config)
     exposure = _exposure_warnings(config, path, reader.inline_secrets)
     nothing = [NO_PROVIDERS] if not config.providers else []
     warnings = [f"{path}: {w}" for w in (*reader.warnings, *exposure, *_unscrubbable(config), *nothing)]
@@ -452,7 +478,10 @@ def load_config(path: Path | None, env: Mapping[str, str] = os.environ, *, expli
 def check_config(path: Path | None, env: Mapping[str, str] = os.environ, *, explicit: bool = False) -> Config:
     """`load_config`, and then everything `omniroute serve` would refuse to start with as the file
     stands (`refusals`): what `omniroute config check` runs. ConfigError names every problem."""
-    config = load_config(path, env, explicit=explicit)
+    try:
+        config = load_config(path, env, explicit=explicit)
+    except ConfigError as error:
+        raise error.with_refusals() from None
     refusals = config.refusals()
     if refusals:
         text = _read_text(config.source)

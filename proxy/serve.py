@@ -70,7 +70,7 @@ def load(options: Options, env: Mapping[str, str] = os.environ) -> tuple[Config,
     try:
         config = load_config(resolve_config_path(options.config, env), env, explicit=explicit)
     except ConfigError as exc:
-        raise StartupError(str(exc)) from exc
+        raise StartupError(str(exc.with_refusals(options.host, options.port))) from exc
     server = config.server
     if options.host is not None or options.port is not None:
         server = replace(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy import serve
 from proxy.config import (
     BUILTIN_LOCAL_PROVIDERS,
     NO_PROVIDERS,
@@ -650,6 +651,31 @@ def test_an_exposed_host_in_the_file_is_a_problem_for_check_config(tmp_path: Pat
     assert str(caught.value).startswith(f"{path}: server.host: refusing to listen on 0.0.0.0")
     safe = write(tmp_path, '[server]\nhost = "0.0.0.0"\nmanagement_token = "t"\napi_keys = ["k"]\n')
     assert check_config(safe, {}).server.host == "0.0.0.0"
+
+
+def test_an_exposed_host_is_named_with_the_files_other_problems_at_once(tmp_path: Path) -> None:
+    """ "Every problem at once": the refusal of a non-loopback host without tokens came only after
+    the file's other problems were fixed (found by a lifecycle trial), from `config check` and
+    `serve` alike; and not when `serve --host` moves the proxy back to loopback."""
+    path = write(
+        tmp_path, '[server]\nhost = "0.0.0.0"\nport = 99999\n\n[providers.x]\nclass = "local"\nprioriti = 1\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_config(path, {})
+    keys = [p.key for p in caught.value.problems]
+    assert "server.port" in keys and "server.host" not in keys, keys  # [server] has its own: no guess
+    other = write(tmp_path, '[server]\nhost = "0.0.0.0"\n\n[providers.x]\nclass = "local"\nprioriti = 1\n')
+    with pytest.raises(ConfigError) as caught:
+        check_config(other, {})
+    said = [(p.key, p.line) for p in caught.value.problems]
+    assert ("providers.x.prioriti", 6) in said and said[-1] == ("server.host", 2), said
+    assert caught.value.problems[-1].message.startswith("refusing to listen on 0.0.0.0")
+    with pytest.raises(serve.StartupError) as started:
+        serve.load(serve.Options(config=str(other)), {})
+    assert "refusing to listen on 0.0.0.0" in str(started.value)
+    with pytest.raises(serve.StartupError) as started:
+        serve.load(serve.Options(config=str(other), host="127.0.0.1"), {})
+    assert "refusing to listen" not in str(started.value) and "prioriti" in str(started.value)
 
 
 def test_problems_name_their_line(tmp_path: Path) -> None:
