@@ -20,15 +20,16 @@ from tests.fakes import LiveServer, dialects
 from tests.integration.test_proxy import Proxy
 
 
-def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_created_it(
-    launch: Callable[..., Proxy],
-) -> None:
+def accounts(served: list[str]) -> Starlette:
+    """A Responses API upstream where each key is an account of its own: a response is known only
+    to the key that created it, as OpenAI's are; `served` gets the key of every request."""
     ids = itertools.count(1)
-    known: dict[str, str] = {}  # response id -> the key that created it (one account per key)
+    known: dict[str, str] = {}  # response id -> the key that created it
 
     async def create(request: Request) -> Response:
         body = await request.json()
         key = request.headers["authorization"]
+        served.append(key)
         previous = body.get("previous_response_id")
         if previous is not None and known.get(previous) != key:
             error = {
@@ -42,7 +43,13 @@ def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_creat
         known[ident] = key
         return JSONResponse(dialects.response(ident, body["model"], "hi"))
 
-    server = LiveServer(Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])).start()
+    return Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])
+
+
+def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_created_it(
+    launch: Callable[..., Proxy],
+) -> None:
+    server = LiveServer(accounts([])).start()
     try:
         # Two keys of one provider, equal in priority: the proxy spreads requests over both.
         config = (
@@ -69,27 +76,8 @@ def test_a_continued_conversation_goes_to_its_creator_across_a_combos_targets(
 ) -> None:
     """The creator comes before the combo's order too: a round-robin combo of two providers sent
     every other turn of a conversation to the provider that does not know it (a 400 each time)."""
-    ids = itertools.count(1)
-    known: dict[str, str] = {}
     served: list[str] = []
-
-    async def create(request: Request) -> Response:
-        body = await request.json()
-        key = request.headers["authorization"]
-        served.append(key)
-        previous = body.get("previous_response_id")
-        if previous is not None and known.get(previous) != key:
-            error = {
-                "message": "not found",
-                "type": "invalid_request_error",
-                "code": "previous_response_not_found",
-            }
-            return JSONResponse({"error": error}, status_code=400)
-        ident = f"resp_{next(ids)}"
-        known[ident] = key
-        return JSONResponse(dialects.response(ident, body["model"], "hi"))
-
-    server = LiveServer(Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])).start()
+    server = LiveServer(accounts(served)).start()
     try:
         config = ""
         for pid in ("one", "two"):

@@ -131,16 +131,24 @@ def test_a_stop_signal_ignored_when_it_started_stays_ignored(
     instance.assert_closed_cleanly()
 
 
-def test_in_flight_requests_get_the_grace_period(
-    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
-) -> None:
+def stopped_with_a_request_in_flight(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str], answer_ms: float
+) -> tuple[Serve, subprocess.Popen[bytes], InFlight]:
+    """An instance sent SIGTERM while a request waits `answer_ms` for its upstream's answer."""
     fake, url = upstream
-    fake.default(Reply("slow_headers", delay_ms=1000))
+    fake.default(Reply("slow_headers", delay_ms=answer_ms))
     instance = serves(url)
     proc = instance.start()
     request = InFlight(instance.port)
     wait_for(lambda: fake.in_flight == 1, STOP_S, "the request reaching the upstream")
     proc.send_signal(signal.SIGTERM)
+    return instance, proc, request
+
+
+def test_in_flight_requests_get_the_grace_period(
+    serves: Callable[..., Serve], upstream: tuple[FakeUpstream, str]
+) -> None:
+    instance, proc, request = stopped_with_a_request_in_flight(serves, upstream, 1000)
     assert request.result().status_code == 200
     assert exit_code(proc, STOP_S) == 0
     instance.assert_closed_cleanly()
@@ -152,13 +160,7 @@ def test_a_restart_during_the_stop_waits_for_it_instead_of_being_refused(
     """`kill -TERM`, then at once `omniroute serve` on the same state file (a restart by hand, a
     script's): while the first gave its request its grace, the second was refused with exit 2,
     "in use by omniroute (pid N, serving on ...)" (found by a lifecycle trial). It waits."""
-    fake, url = upstream
-    fake.default(Reply("slow_headers", delay_ms=1500))
-    first = serves(url)
-    proc = first.start()
-    request = InFlight(first.port)
-    wait_for(lambda: fake.in_flight == 1, STOP_S, "the request reaching the upstream")
-    proc.send_signal(signal.SIGTERM)
+    first, proc, request = stopped_with_a_request_in_flight(serves, upstream, 1500)
     wait_for(lambda: port_refuses(first.port), STOP_S, "the first to begin its stop")
     again = start_headless(first.args)
     try:
