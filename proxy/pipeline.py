@@ -1478,7 +1478,7 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-# -- the request trail's ends ------------------------------------------------------------------------
+# -- routing's helpers -----------------------------------------------------------------------------
 
 
 def _wake_at(decision: NoTarget, probe_settled_by: float) -> float | None:
@@ -1505,6 +1505,9 @@ def _creator_first(targets: list[Target], connection_id: str, engine: Engine) ->
     if not first or first[0] is targets[0]:
         return targets
     return first + [t for t in targets if t not in first]
+
+
+# -- the request trail's ends ------------------------------------------------------------------------
 
 
 def _request_id(scope: Scope) -> str:
