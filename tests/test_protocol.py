@@ -11,8 +11,8 @@ import asyncio
 import json
 import logging
 import socket
-import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +20,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from proxy.protocol import _HEAD_TICKS, HEAD_LIMIT, BoundedHttp, sweep_of
-from proxy.serve import make_server
-from tests.instances import OMNIROUTE, environment, free_port, proxy_config, wait_until_serving
+from tests.instances import serving
 
 
 class Served:
@@ -171,27 +170,15 @@ async def test_requests_in_flight_and_kept_alive_connections_are_not_the_sweeps(
     slow.close()
 
 
-def test_omniroute_serve_bounds_the_head_it_reads(tmp_path: Any) -> None:
+def test_omniroute_serve_bounds_the_head_it_reads(tmp_path: Path) -> None:
     """The proxy's server is built with the bounded protocol (`make_server`), so `serve` and the
     console's hosted proxy refuse a header flood."""
-    assert make_server.__module__ == "proxy.serve"
-    port = free_port()
-    config = proxy_config(tmp_path, port)
-    log = tmp_path / "serve.log"
-
-    command = [*OMNIROUTE, "serve", "--config", str(config), "--state", str(tmp_path / "s.db")]
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=environment()
-        )
-    try:
-        wait_until_serving(proc, port, log)
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            sock.sendall(GET + b"X-Pad: " + b"v" * (2 * HEAD_LIMIT) + b"\r\n\r\n")
-            got = b""
-            while chunk := sock.recv(65536):
-                got += chunk
-        assert got.startswith(b"HTTP/1.1 431 ") and b'"request_header_too_large"' in got
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with (
+        serving(tmp_path, tmp_path / "state.db") as running,
+        socket.create_connection(("127.0.0.1", running.port), timeout=5) as sock,
+    ):
+        sock.sendall(GET + b"X-Pad: " + b"v" * (2 * HEAD_LIMIT) + b"\r\n\r\n")
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 431 ") and b'"request_header_too_large"' in got

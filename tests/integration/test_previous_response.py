@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.fakes import LiveServer, dialects
-from tests.integration.test_proxy import Proxy
+from tests.integration.test_proxy import Proxy, provider
 
 
 def accounts(served: list[str]) -> Starlette:
@@ -46,6 +46,19 @@ def accounts(served: list[str]) -> Starlette:
     return Starlette(routes=[Route("/v1/responses", create, methods=["POST"])])
 
 
+def converse(proxy: Proxy, model: str, turns: int) -> None:
+    """A conversation as Codex CLI has it: a first request, then `turns` that continue it."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0)
+    try:
+        previous = client.responses.create(model=model, input="hi").id
+        for turn in range(turns):
+            previous = client.responses.create(
+                model=model, input=f"turn {turn}", previous_response_id=previous
+            ).id
+    finally:
+        client.close()
+
+
 def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_created_it(
     launch: Callable[..., Proxy],
 ) -> None:
@@ -57,16 +70,7 @@ def test_a_follow_up_with_previous_response_id_goes_to_the_connection_that_creat
         )
         for cid in ("key-a", "key-b"):
             config += f'[[providers.codex.connections]]\nid = "{cid}"\napi_key = "sk-{cid}-0123456789"\n\n'
-        proxy = launch(config)
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0)
-        try:
-            previous = client.responses.create(model="codex/m1", input="hi").id
-            for turn in range(4):
-                previous = client.responses.create(
-                    model="codex/m1", input=f"turn {turn}", previous_response_id=previous
-                ).id
-        finally:
-            client.close()
+        converse(launch(config), "codex/m1", turns=4)
     finally:
         server.stop()
 
@@ -79,26 +83,15 @@ def test_a_continued_conversation_goes_to_its_creator_across_a_combos_targets(
     served: list[str] = []
     server = LiveServer(accounts(served)).start()
     try:
-        config = ""
-        for pid in ("one", "two"):
-            config += (
-                f'[providers.{pid}]\nclass = "apikey"\nbase_url = "{server.url}/v1"\napis = ["responses"]\n\n'
-                f'[[providers.{pid}.connections]]\nid = "{pid}-key"\napi_key = "sk-{pid}-0123456789"\n\n'
-            )
+        config = "".join(
+            provider(pid, "apikey", f"{server.url}/v1", f"{pid}-key", extra='apis = ["responses"]')
+            for pid in ("one", "two")
+        )
         config += '[combos.rr]\nstrategy = "round-robin"\ntargets = ["one/m1", "two/m1"]\n\n'
         proxy = launch(config)
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-client", max_retries=0)
-        try:
-            previous = client.responses.create(model="rr", input="hi").id
-            for turn in range(5):
-                previous = client.responses.create(
-                    model="rr", input=f"turn {turn}", previous_response_id=previous
-                ).id
-            # New conversations still go round the combo.
-            client.responses.create(model="rr", input="another")
-            client.responses.create(model="rr", input="and another")
-        finally:
-            client.close()
+        converse(proxy, "rr", turns=5)
+        converse(proxy, "rr", turns=0)  # new conversations still go round the combo
+        converse(proxy, "rr", turns=0)
         assert len(set(served[:6])) == 1 and served[6] != served[7], served
     finally:
         server.stop()
