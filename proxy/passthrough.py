@@ -25,6 +25,8 @@ from proxy.pipeline import (
     Wire,
     _read_body,
     body_stalled,
+    pin_not_found,
+    pinned_connection,
     retry_hints,
     upstream_headers,
 )
@@ -74,12 +76,10 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
         return error_response(400, "`model` holds a lone surrogate escape; it is not a name", "invalid_model")
     if len(model) > untrusted.MODEL_LIMIT:
         return error_response(400, untrusted.MODEL_TOO_LONG, "invalid_model")
-    pinned_raw = [v for k, v in request.scope["headers"] if k.lower() == b"x-omniroute-connection"]
-    if len(pinned_raw) > 1:  # (as the chat-like routes say it)
-        return error_response(
-            400, "X-OmniRoute-Connection is given more than once; give one", "invalid_request"
-        )
-    pinned = pinned_raw[0].decode("latin-1") if pinned_raw else None
+    try:
+        pinned = pinned_connection(request.scope["headers"])
+    except ValueError as exc:
+        return error_response(400, str(exc), "invalid_request")
     route = await runtime.router.resolve(model, pinned)
     if route is None:
         return error_response(
@@ -88,11 +88,7 @@ async def _count_tokens(runtime: Runtime, request: Request) -> Response:
             "model_not_found",
         )
     if not route.targets:
-        return error_response(
-            404,
-            f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
-            "connection_not_found",
-        )
+        return pin_not_found(pinned, model)
     config = runtime.config
     eligible = [t for t in route.targets if "messages" in config.providers[t.provider].apis]
     if not eligible:

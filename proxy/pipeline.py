@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -438,16 +438,13 @@ class Pipeline:
             # collector's older generations.
             del body
 
-            pinned_raw = headers.get(b"x-omniroute-connection")
             pinned = None
-            if pinned_raw is not None:
-                # Two of them would pin to whichever one the proxy happened to read: asked, not guessed.
-                if sum(1 for name, _ in scope["headers"] if name.lower() == b"x-omniroute-connection") > 1:
-                    response = error_response(
-                        400, "X-OmniRoute-Connection is given more than once; give one", "invalid_request"
-                    )
+            if b"x-omniroute-connection" in headers:  # (the guard's dict: the common case looks no further)
+                try:
+                    pinned = pinned_connection(scope["headers"])
+                except ValueError as exc:
+                    response = error_response(400, str(exc), "invalid_request")
                     return response
-                pinned = pinned_raw.decode("latin-1")
             router = self.router
             route = router.known(model, pinned)
             if route is None:
@@ -460,11 +457,7 @@ class Pipeline:
                 )
                 return response
             if not route.targets:
-                response = error_response(
-                    404,
-                    f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
-                    "connection_not_found",
-                )
+                response = pin_not_found(pinned, model)
                 return response
             session = None
             for key in _SESSION_KEYS:
@@ -1479,6 +1472,24 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
 
 
 # -- routing's helpers -----------------------------------------------------------------------------
+
+
+def pinned_connection(raw_headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The connection `X-OmniRoute-Connection` names, or None. ValueError when it is given more than
+    once: two would pin to whichever one the proxy happened to read (asked, not guessed)."""
+    found = [value for name, value in raw_headers if name.lower() == b"x-omniroute-connection"]
+    if len(found) > 1:
+        raise ValueError("X-OmniRoute-Connection is given more than once; give one")
+    return found[0].decode("latin-1") if found else None
+
+
+def pin_not_found(pinned: str | None, model: str) -> ErrorResponse:
+    """The answer to a pin that names no connection of the model's targets."""
+    return error_response(
+        404,
+        f"connection {untrusted.echo(pinned or '')!r} is unknown or cannot serve {untrusted.echo(model)!r}",
+        "connection_not_found",
+    )
 
 
 def _wake_at(decision: NoTarget, probe_settled_by: float) -> float | None:

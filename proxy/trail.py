@@ -502,8 +502,8 @@ def _short(text: str, limit: int) -> str:
 
 def cooled_by(health: ConnectionHealth) -> str | None:
     """What cooled a connection, in a few words: an upstream's status and its kind (`429
-    rate_limited`), or a failure that had no status as it was told (`connection refused at
-    http://localhost:11434/v1`). The one wording of the trail's skips and of the answer when nothing
+    rate_limited`), or a failure that had no status as it was told (`connection refused`). The one
+    wording of the trail's skips and of the answer when nothing
     is left to serve, so that a server that is down never reads as a rate limit in either."""
     if health.error_code is not None:
         kind = health.last_error_type
