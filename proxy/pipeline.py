@@ -49,7 +49,7 @@ from proxy.apis import (
 from proxy.body import RequestBody
 from proxy.body import parse as parse_body
 from proxy.config import Config, ProviderConfig, shown_url
-from proxy.engine import Attempt, Engine, NoTarget, Recorded, Skip, Target
+from proxy.engine import PROBE_RECOVERY_ESTIMATE_MS, Attempt, Engine, NoTarget, Recorded, Skip, Target
 from proxy.guard import HEADERS_KEY
 from proxy.owners import RESPONSE_ID
 from proxy.resilience.breaker import BreakerState
@@ -601,7 +601,7 @@ class Pipeline:
         ):
             return False
         now = self.engine.clock.now()
-        wake = _wake_at(
+        wake, on_probe = _wake_at(
             decision, now + min(wait.max_wait_ms, wait.budget_ms - progress.waited_ms) - WAIT_SLACK_MS
         )
         if wake is None:
@@ -618,8 +618,12 @@ class Pipeline:
         self._waiters.add(task)
         clock = self.engine.clock
         until = now + delay_ms
+        # A probe let go without a verdict (its client left) frees its slot with no event to say
+        # so: a request waiting on a probe looks again every PROBE_RECOVERY_ESTIMATE_MS, and such
+        # a look is no wait of its own (it counts against the budget, not `maxAttempts`).
+        look = min(until, now + PROBE_RECOVERY_ESTIMATE_MS) if on_probe else until
         try:
-            await sleep_until(clock, until, self._sleepers)  # the recovery, or a `nudge`
+            await sleep_until(clock, look, self._sleepers)  # the recovery, or a `nudge`
         finally:
             self._waiters.discard(task)
             self.waiting -= 1
@@ -1492,17 +1496,20 @@ def pin_not_found(pinned: str | None, model: str) -> ErrorResponse:
     )
 
 
-def _wake_at(decision: NoTarget, probe_settled_by: float) -> float | None:
-    """When a request that found nothing eligible looks again: the earliest recovery it may wait
-    for. A probe in flight settles when its upstream answers, which no estimate knows: its wait
-    lasts until the breaker's event says it settled (`Pipeline.nudge`), or `probe_settled_by`."""
+def _wake_at(decision: NoTarget, probe_settled_by: float) -> tuple[float | None, bool]:
+    """When a request that found nothing eligible is done waiting: the earliest recovery it may
+    wait for, and whether that is a probe in flight. A probe settles when its upstream answers,
+    which no estimate knows: its wait lasts until the breaker's event says it settled
+    (`Pipeline.nudge`), or `probe_settled_by`."""
     wake: float | None = None
+    on_probe = False
     for skip in decision.skips:
         if skip.waitable and skip.retry_at is not None:
-            at = probe_settled_by if skip.reason == "probe_in_flight" else skip.retry_at
+            probe = skip.reason == "probe_in_flight"
+            at = probe_settled_by if probe else skip.retry_at
             if wake is None or at < wake:
-                wake = at
-    return wake
+                wake, on_probe = at, probe
+    return wake, on_probe
 
 
 def _creator_first(targets: list[Target], connection_id: str, engine: Engine) -> list[Target]:

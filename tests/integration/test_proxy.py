@@ -735,7 +735,48 @@ def test_a_request_waits_out_a_long_probe_and_is_served_when_it_settles(
     assert response.status_code == 200, response.text  # served when the probe closed the breaker
     assert len(up.calls()) == 2
     rec = proxy.http.get(f"/api/requests/{response.headers['x-request-id']}").json()["request"]
-    assert [w["reason"] for w in rec["waits"]] == ["nothing eligible; waited for loc/m1 (probe_in_flight)"]
+    # Two waits: the clock's ten seconds ended one (a look a second in, no wait of its own: the
+    # probe still held), the probe's close ended the other.
+    assert [w["reason"] for w in rec["waits"]] == [
+        "nothing eligible; waited for loc/m1 (probe_in_flight)"
+    ] * 2
+    proxy.settled()
+
+
+def test_a_request_waiting_on_a_probe_takes_it_when_the_probe_is_let_go_without_a_verdict(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A probe whose client leaves settles nothing: its slot is freed, no breaker event says so. A
+    request waiting on it looks again within a second (PROBE_RECOVERY_ESTIMATE_MS) and becomes the
+    next probe, rather than sleep out `maxWaitMs`."""
+    up = upstreams()
+    clock = FakeClock()
+    proxy = launch(provider("loc", "local", up.url, "loc-1"), settings=WAIT_ON, clock=clock)
+    breaker = proxy.rt.engine.providers["loc"].breaker
+    for _ in range(breaker.policy.failure_threshold):
+        breaker.record_failure(clock.now())
+    clock.advance(breaker.policy.reset_timeout_ms + 1)  # HALF_OPEN: the next request is the probe
+    up.fake.script(Reply("hang"))  # the probe's upstream never answers; its client gives up
+    gave_up: list[Exception] = []
+
+    def impatient() -> None:
+        try:
+            proxy.http.post(CHAT_PATH, json=chat("loc/m1"), timeout=0.5)
+        except httpx.ReadTimeout as exc:
+            gave_up.append(exc)
+
+    probe = threading.Thread(target=impatient)
+    probe.start()
+    wait_until(lambda: up.fake.in_flight == 1, what="the probe to reach the upstream")
+    waiter = in_thread(lambda: proxy.http.post(CHAT_PATH, json=chat("loc/m1"), timeout=5))
+    pipeline = proxy.rt.pipeline
+    wait_until(lambda: pipeline.waiting == 1, what="the request to wait for the probe")
+    probe.join(10.0)
+    assert gave_up, "the probe's client did not give up"
+    wait_until(lambda: up.fake.in_flight == 0, what="the probe's upstream call to end")
+    clock.advance(1_100)  # the probe was let go: within a second, the waiter looks again
+    response = waiter()
+    assert response.status_code == 200, response.text
     proxy.settled()
 
 
