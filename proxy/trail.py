@@ -7,13 +7,14 @@ view when it happens (skips are explained only when there was one); a stream cos
 per chunk and a look at its last two chunks for the usage at the end. Nothing of the prompt or the
 answer is kept, ever: the usage numbers are all that is read from an answer.
 
-Frozen `RequestView`s (proxy/readmodel.py) are built only when someone reads. Finished records
-live in a ring of `server.request_history`; the alive ones in a dict beside it.
+Frozen `RequestView`s (proxy/readmodel.py) are built only when someone reads. The alive records
+are in a dict; the last `server.request_history` finished ones in a ring, packed (`finished`:
+two objects a record, where a `RequestRecord` holds about fifteen).
 
-Each finished request also goes to the traffic statistics (`proxy/traffic.py`), in batches of
-FOLD_BATCH, and whatever is left of a batch before anyone reads them.
+Each finished request goes to the traffic statistics (`proxy/traffic.py`) and into the ring in
+batches of FOLD_BATCH, and whatever is left of a batch before anyone reads either.
 
-A little over 500 lines: a record, and the little it reads of an answer (the error's code and
+About 850 lines: a record, and the little it reads of an answer (the error's code and
 message, the token usage of a body or a stream's ends), kept together because what a record may
 read of an answer (never its content) is the record's rule.
 """
@@ -21,10 +22,13 @@ read of an answer (never its content) is the record's rule.
 from __future__ import annotations
 
 import json
+import math
 import re
+import struct
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
+from typing import cast
 
 from proxy.config import REQUEST_HISTORY
 from proxy.engine import Attempt, Engine, NoTarget, Skip, Target
@@ -50,11 +54,11 @@ TOKENS_MAX = 10**12
 """The most tokens a usage count may say: more is no count any request has (`10**400` is legal
 JSON, and the statistics' float sums cannot take it), so it reads as not said."""
 FOLD_BATCH = 64
-"""Finished records the statistics take at a time: a batch goes through a connection's bucket row,
+"""Finished records the statistics and the ring take at a time: a batch goes through a connection's bucket row,
 the histogram bounds and the code while they are hot, where one request at a time met them cold
 again between everything else a request touches (bench/proxy.py: recording on / off 0.924 median
-over seven runs, 0.905 before; docs/performance.md). A read of the statistics takes the rest first,
-so no reader sees them behind."""
+over seven runs, 0.905 before; docs/performance.md), and the ring's packed records are made
+together (`finished`). A read of either takes the rest first, so no reader sees them behind."""
 _STATUS = OutcomeKind.STATUS
 """(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
 
@@ -166,6 +170,176 @@ class RequestRecord:
         )
 
 
+Finished = tuple[object, ...]
+"""A finished record as the ring keeps it (`finished`): its numbers, id and model packed in one
+bytes object, then client, endpoint, route, state, code, message, skipped, waits, and five strings
+per attempt (target, provider, connection, outcome, reason)."""
+
+_HEAD = struct.Struct("<qdddqqqqqqBH")
+"""A finished record's numbers: seq, started_at, ended_at, ttft_ms (NaN for none), status, bytes_in,
+bytes_out, the usage's three counts, flags (_STREAM, _USAGE, _MODEL) and the id's length in bytes;
+then each attempt's _ATTEMPT; then the id and the model asked, in UTF-8. (_NONE: no count, no status.)"""
+_ATTEMPT = "ddq"
+"""An attempt's numbers: started_at, duration_ms, status."""
+_NONE = -1
+_STREAM, _USAGE, _MODEL = 1, 2, 4
+_WORDS = 9
+"""The items of a `Finished` before its attempts' strings."""
+_LAYOUTS = [struct.Struct(_HEAD.format + _ATTEMPT * n) for n in range(4)]
+"""The numbers' layout by attempt count (more attempts than these are rare: made when met)."""
+_SEQ = struct.Struct("<q")
+_ID_LENGTH = struct.Struct("<H")
+_ID_LENGTH_AT = _HEAD.size - _ID_LENGTH.size
+
+
+def _layout(attempts: int) -> struct.Struct:
+    return (
+        _LAYOUTS[attempts] if attempts < len(_LAYOUTS) else struct.Struct(_HEAD.format + _ATTEMPT * attempts)
+    )
+
+
+def finished(record: RequestRecord) -> Finished:
+    """`record`, ended, as the ring keeps it.
+
+    A ring holds thousands of records, each for as long as the ring takes to turn, and what they
+    keep costs every request beside them: a `RequestRecord` keeps about fifteen objects of its own
+    (its floats, counts, attempt tuple and list, id and model), each one made among a request's
+    short-lived objects, and freed cold when its record leaves, long after. With the default ring
+    that cost 5-7 % of the proxy's CPU per request, with the same work done (a ring of one against
+    one of 2,000, bench/proxy.py). A `Finished` is two objects, both made with the rest of a batch
+    (`Trail._fold`); its other strings are shared ones for a success (a connection's client, the
+    configured names, the words of an outcome)."""
+    attempts = record.attempts
+    usage = record.usage
+    ttft = record.ttft_ms
+    status = record.status
+    model = record.model_asked
+    ident = record.id.encode()
+    flags = _STREAM if record.stream else 0
+    prompt = completion = total = _NONE
+    if usage is not None:
+        flags |= _USAGE
+        said_prompt, said_completion, said_total = usage
+        if said_prompt is not None:
+            prompt = said_prompt
+        if said_completion is not None:
+            completion = said_completion
+        if said_total is not None:
+            total = said_total
+    text = ident
+    if model is not None:
+        flags |= _MODEL
+        text += model.encode()
+    head = (
+        record.seq,
+        record.started_at,
+        record.ended_at,
+        math.nan if ttft is None else ttft,
+        _NONE if status is None else status,
+        record.bytes_in,
+        record.bytes_out,
+        prompt,
+        completion,
+        total,
+        flags,
+        len(ident),
+    )
+    words = (
+        record.client,
+        record.endpoint,
+        record.route,
+        record.state,
+        record.code,
+        record.message,
+        None if record.skipped is None else tuple(record.skipped),
+        None if record.waits is None else tuple(record.waits),
+    )
+    if len(attempts) == 1:  # the common case, without a loop
+        target, provider, connection, started, took, answered, outcome, reason = attempts[0]
+        data = _LAYOUTS[1].pack(*head, started, took, _NONE if answered is None else answered)
+        return (data + text, *words, target, provider, connection, outcome, reason)
+    numbers: list[object] = list(head)
+    strings: list[object] = []
+    for target, provider, connection, started, took, answered, outcome, reason in attempts:
+        numbers += (started, took, _NONE if answered is None else answered)
+        strings += (target, provider, connection, outcome, reason)
+    return (_layout(len(attempts)).pack(*numbers) + text, *words, *strings)
+
+
+def finished_seq(kept: Finished) -> int:
+    seq: int = _SEQ.unpack_from(cast(bytes, kept[0]))[0]
+    return seq
+
+
+def finished_id(kept: Finished) -> str:
+    data = cast(bytes, kept[0])
+    at = _layout((len(kept) - _WORDS) // 5).size
+    return data[at : at + _ID_LENGTH.unpack_from(data, _ID_LENGTH_AT)[0]].decode()
+
+
+_Words = tuple[
+    str, str, str, str, str | None, str | None, tuple[SkipView, ...] | None, tuple[WaitView, ...] | None
+]
+"""A `Finished`'s items after its numbers: client, endpoint, route, state, code, message, skipped, waits."""
+
+
+def finished_view(kept: Finished) -> RequestView:
+    """A finished record's view, from what the ring keeps of it."""
+    count = (len(kept) - _WORDS) // 5
+    layout = _layout(count)
+    data = cast(bytes, kept[0])
+    strings = cast(tuple[str, ...], kept[_WORDS:])
+    numbers = layout.unpack_from(data)
+    seq, started, ended, ttft, status, bytes_in, bytes_out, prompt, completion, total, flags, id_length = (
+        numbers[:12]
+    )
+    at = layout.size + id_length
+    attempts = []
+    for i in range(count):
+        a_started, took, answered = numbers[12 + 3 * i : 15 + 3 * i]
+        target, provider, connection, outcome, reason = strings[5 * i : 5 + 5 * i]
+        attempts.append(
+            AttemptView(
+                target,
+                provider,
+                connection,
+                a_started,
+                took,
+                None if answered == _NONE else answered,
+                cast(AttemptOutcome, outcome),
+                reason,
+            )
+        )
+    client, endpoint, route, state, code, message, skipped, waits = cast(_Words, kept[1:_WORDS])
+    return RequestView(
+        id=data[layout.size : at].decode(),
+        seq=seq,
+        started_at=started,
+        ended_at=ended,
+        state=state,
+        client=client,
+        endpoint=endpoint,
+        model_asked=data[at:].decode() if flags & _MODEL else None,
+        route=route,
+        stream=bool(flags & _STREAM),
+        status=None if status == _NONE else status,
+        code=code,
+        message=message,
+        duration_ms=ended - started,
+        ttft_ms=None if math.isnan(ttft) else ttft,
+        usage=(
+            UsageView(*(None if n == _NONE else n for n in (prompt, completion, total)))
+            if flags & _USAGE
+            else None
+        ),
+        bytes_in=bytes_in,
+        bytes_out=bytes_out,
+        attempts=tuple(attempts),
+        skipped=skipped or (),
+        waits=waits or (),
+    )
+
+
 class Trail:
     """The alive requests and a ring of the last `capacity` finished ones, with their statistics."""
 
@@ -174,7 +348,7 @@ class Trail:
         self.clock = clock
         self.capacity = capacity
         self.alive: dict[str, RequestRecord] = {}
-        self.ring: deque[RequestRecord] = deque(maxlen=max(capacity, 0))
+        self.ring: deque[Finished] = deque(maxlen=max(capacity, 0))
         self._seq = 0
         self.version = 0
         """Bumped on every change a reader could see (a new record, a state, an end)."""
@@ -184,7 +358,8 @@ class Trail:
             {p: [c.spec.id for c in provider.connections] for p, provider in engine.providers.items()}
         )
         self._unfolded: list[RequestRecord] = []
-        """Finished records not in the statistics yet (at most FOLD_BATCH - 1): `stats` adds them."""
+        """Finished records not in the statistics and the ring yet (at most FOLD_BATCH - 1): every
+        reader of either adds them first."""
         self.fallbacks: dict[str, int] = {}
         """Attempts that fell back, per provider (for /metrics)."""
 
@@ -194,6 +369,13 @@ class Trail:
         if self._unfolded:
             self._fold()
         return self._stats
+
+    @property
+    def finished_ring(self) -> deque[Finished]:
+        """The ring of finished records, every finished request in it."""
+        if self._unfolded:
+            self._fold()
+        return self.ring
 
     def stats_rows(self, now: float) -> dict[str, dict[str, list[float]]]:
         """`TrafficStats.rows` of `stats` (what a fleet's replica publishes)."""
@@ -392,7 +574,6 @@ class Trail:
         self.alive.pop(record.id, None)
         if self.capacity <= 0:
             return
-        self.ring.append(record)  # a full ring lets its oldest record go
         unfolded = self._unfolded
         unfolded.append(record)
         if len(unfolded) >= FOLD_BATCH:
@@ -401,11 +582,15 @@ class Trail:
     def _fold(self) -> None:
         """Add the finished records not yet counted to the statistics, each in the bucket of its
         own end (its record holds everything the statistics take: nothing changes a record after
-        its end)."""
+        its end), and to the ring, packed: a batch's packed records are made together, apart from
+        the short-lived objects of the requests around them."""
         unfolded, self._unfolded = self._unfolded, []
         stats = self._stats
         add = stats.add
+        keep = self.ring.append  # a full ring lets its oldest record go
+        kept = finished
         for record in unfolded:
+            keep(kept(record))
             attempts = record.attempts
             if not attempts:
                 stats.add_unrouted(record.status)
@@ -433,22 +618,23 @@ class Trail:
     def view(self, request_id: str) -> RequestView | None:
         # The ring is searched, newest first, rather than indexed: a lookup by id is a rare read,
         # and an index would cost every request an insert and a delete, and memory.
-        record = self.alive.get(request_id) or next(
-            (r for r in reversed(self.ring) if r.id == request_id), None
-        )
-        return record.view(self.clock.now()) if record is not None else None
+        record = self.alive.get(request_id)
+        if record is not None:
+            return record.view(self.clock.now())
+        kept = next((r for r in reversed(self.finished_ring) if finished_id(r) == request_id), None)
+        return finished_view(kept) if kept is not None else None
 
     def finished_since(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]:
         """The records that ended after a reader's `mark` (still in the ring; at most the newest
         `limit`), in end order, and the new mark: a reader that keeps what it read builds each
         finished record's view once."""
-        ring = self.ring
+        ring = self.finished_ring
         count = min(self.finished - mark, len(ring))
         if limit is not None:
             count = min(count, limit)
         if count <= 0:
             return [], self.finished
-        return [r.view() for r in islice(ring, len(ring) - count, None)], self.finished
+        return [finished_view(r) for r in islice(ring, len(ring) - count, None)], self.finished
 
     def alive_views(self) -> list[RequestView]:
         now = self.clock.now()
@@ -477,22 +663,28 @@ class Trail:
         """Oldest first by `seq`: the finished ones (ring order is end order) and the alive ones;
         `limit`: only the oldest that many, `newest`: only the newest that many. Views are built
         only for the records returned (a view of every record in the ring is milliseconds)."""
-        chosen: list[RequestRecord] = []
+        chosen: list[tuple[int, RequestRecord | None, Finished | None]] = []
         if state != "alive":
-            chosen.extend(r for r in self.ring if r.seq > after)
+            for kept in self.finished_ring:
+                seq = finished_seq(kept)
+                if seq > after:
+                    chosen.append((seq, None, kept))
         if state != "done":
-            chosen.extend(r for r in self.alive.values() if r.seq > after)
-        chosen.sort(key=_seq)
+            chosen.extend((r.seq, r, None) for r in self.alive.values() if r.seq > after)
+        chosen.sort(key=_first)
         if limit is not None:
             chosen = chosen[:limit]
         if newest is not None:
             chosen = chosen[len(chosen) - newest :] if newest > 0 else []
         now = self.clock.now()
-        return [r.view(now) for r in chosen]
+        return [
+            record.view(now) if record is not None else finished_view(cast(Finished, kept))
+            for _, record, kept in chosen
+        ]
 
 
-def _seq(record: RequestRecord) -> int:
-    return record.seq
+def _first(chosen: tuple[int, object, object]) -> int:
+    return chosen[0]
 
 
 def _short(text: str, limit: int) -> str:

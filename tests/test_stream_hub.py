@@ -8,6 +8,7 @@ import json
 import pytest
 
 from proxy import stream
+from proxy import trail as trail_module
 from proxy.readmodel import LockoutView, RequestView
 from proxy.runtime import Runtime
 from proxy.trail import RequestRecord
@@ -27,17 +28,24 @@ def finish(runtime: Runtime, count: int) -> list[str]:
 
 
 class ViewCount:
-    """Counts the request views built from now on (`RequestRecord.view` calls)."""
+    """Counts the request views built from now on: an alive record's (`RequestRecord.view`) and a
+    finished one's (`proxy.trail.finished_view`)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.built = 0
         view = RequestRecord.view
+        view_finished = trail_module.finished_view
 
         def counted(record: RequestRecord, now: float | None = None) -> RequestView:
             self.built += 1
             return view(record, now)
 
+        def counted_finished(kept: trail_module.Finished) -> RequestView:
+            self.built += 1
+            return view_finished(kept)
+
         monkeypatch.setattr(RequestRecord, "view", counted)
+        monkeypatch.setattr(trail_module, "finished_view", counted_finished)
 
 
 def kinds_of(wire: list[bytes]) -> list[str]:

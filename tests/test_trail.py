@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import Attempt, ConnectionSpec, Engine, ProviderSpec, Target
-from proxy.readmodel import WINDOWS
+from proxy.readmodel import WINDOWS, SkipView, WaitView
 from proxy.resilience.clock import FakeClock
 from proxy.resilience.cooldown import DEFAULT_COOLDOWN_POLICIES, ConnectionHealth
 from proxy.resilience.outcome import Outcome
@@ -22,14 +22,21 @@ from proxy.traffic import (
     TTFT,
     TTFT_SUM,
     TrafficStats,
+    Usage,
     count,
     merged_report,
 )
 from proxy.trail import (
     FOLD_BATCH,
+    TOKENS_MAX,
+    RequestRecord,
     Trail,
     cooled_by,
     error_of,
+    finished,
+    finished_id,
+    finished_seq,
+    finished_view,
     messages_stream_usage,
     span,
     stream_usage,
@@ -263,9 +270,8 @@ def test_a_token_count_no_request_could_have_is_no_count() -> None:
     clock = FakeClock()
     trail, engine = _trail(clock)
     for n in range(FOLD_BATCH + 3):
-        _served(trail, engine, clock, n, 10.0, 200)
-        record = trail.ring[-1]
-        record.usage = usage_of({"usage": {"prompt_tokens": huge if n == 1 else 5, "completion_tokens": 1}})
+        usage = usage_of({"usage": {"prompt_tokens": huge if n == 1 else 5, "completion_tokens": 1}})
+        _served(trail, engine, clock, n, 10.0, 200, usage)
     report = trail.stats.report("5m", clock.now())
     assert report.providers["p"].requests == FOLD_BATCH + 3
 
@@ -429,9 +435,13 @@ def _trail(clock: FakeClock) -> tuple[Trail, Engine]:
     return Trail(engine, clock, capacity=50), engine
 
 
-def _served(trail: Trail, engine: Engine, clock: FakeClock, n: int, ms: float, status: int) -> None:
-    """Request `n`: one attempt of `ms` from the clock's reading; the client got `status`."""
+def _served(
+    trail: Trail, engine: Engine, clock: FakeClock, n: int, ms: float, status: int, usage: Usage | None = None
+) -> None:
+    """Request `n`: one attempt of `ms` from the clock's reading; the client got `status`, with
+    `usage` read from the answer."""
     record = trail.begin(f"r{n}", "127.0.0.1", "chat")
+    record.usage = usage
     decision = engine.select([Target("p", "m")])
     assert isinstance(decision, Attempt)
     clock.advance(ms)
@@ -550,3 +560,87 @@ def test_an_alive_records_attempt_in_flight_is_shown_pending_until_it_is_recorde
     assert [a.outcome for a in trail.alive_views()[0].attempts] == ["ok"]
     trail.end(record, 200)
     assert [a.outcome for a in trail.view("r1").attempts] == ["ok"]  # type: ignore[union-attr]
+
+
+_WORDS = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+_TIMES = st.floats(0, 2e12, allow_nan=False, allow_infinity=False)
+_COUNTS = st.one_of(st.none(), st.integers(0, TOKENS_MAX))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    request_id=st.one_of(st.text("0123456789abcdef", min_size=16, max_size=16), _WORDS),
+    seq=st.integers(1, 2**62),
+    started=_TIMES,
+    took=st.floats(0, 1e9, allow_nan=False),
+    ttft=st.one_of(st.none(), st.floats(0, 1e9, allow_nan=False)),
+    client=_WORDS,
+    model=st.one_of(st.none(), _WORDS),
+    stream=st.booleans(),
+    status=st.one_of(st.none(), st.integers(100, 599)),
+    state=st.sampled_from(("done", "failed", "client_gone")),
+    code=st.one_of(st.none(), _WORDS),
+    message=st.one_of(st.none(), _WORDS),
+    usage=st.one_of(st.none(), st.tuples(_COUNTS, _COUNTS, _COUNTS)),
+    sizes=st.tuples(st.integers(0, 2**40), st.integers(0, 2**40)),
+    attempts=st.lists(
+        st.tuples(
+            _WORDS,
+            _WORDS,
+            _WORDS,
+            _TIMES,
+            st.floats(0, 1e9, allow_nan=False),
+            st.one_of(st.none(), st.integers(100, 599)),
+            st.sampled_from(("ok", "fallback", "returned", "local", "disconnect")),
+            _WORDS,
+        ),
+        max_size=5,
+    ),
+    skipped=st.one_of(
+        st.none(), st.lists(st.builds(SkipView, _WORDS, st.none(), _WORDS, st.none()), max_size=2)
+    ),
+    waits=st.one_of(st.none(), st.lists(st.builds(WaitView, st.floats(0, 1e6), _WORDS), max_size=2)),
+)
+def test_the_ring_keeps_every_field_of_a_finished_record(
+    request_id: str,
+    seq: int,
+    started: float,
+    took: float,
+    ttft: float | None,
+    client: str,
+    model: str | None,
+    stream: bool,
+    status: int | None,
+    state: str,
+    code: str | None,
+    message: str | None,
+    usage: Usage | None,
+    sizes: tuple[int, int],
+    attempts: list[tuple[str, str, str, float, float, int | None, str, str]],
+    skipped: list[SkipView] | None,
+    waits: list[WaitView] | None,
+) -> None:
+    """What the ring keeps of a record (packed: proxy.trail.finished) reads back as the record did."""
+    record = RequestRecord(request_id, seq, started, client, "chat/completions")
+    record.model_asked, record.stream, record.route = model, stream, "bare"
+    record.status, record.state, record.code, record.message = status, state, code, message
+    record.ttft_ms, record.usage = ttft, usage
+    record.bytes_in, record.bytes_out = sizes
+    record.attempts.extend(attempts)  # type: ignore[arg-type]
+    record.skipped, record.waits = skipped, waits
+    record.ended_at = started + took
+    kept = finished(record)
+    assert finished_view(kept) == record.view()
+    assert (finished_id(kept), finished_seq(kept)) == (request_id, seq)
+
+
+def test_a_record_is_read_as_soon_as_it_ends_before_its_batch_is_kept() -> None:
+    clock = FakeClock()
+    trail, engine = _trail(clock)
+    for n in range(60):  # more than the ring's 50, and not a whole batch
+        _served(trail, engine, clock, n, 10.0, 200)
+    assert [v.id for v in trail.views()] == [f"r{n}" for n in range(10, 60)]
+    assert trail.view("r59") is not None and trail.view("r9") is None
+    views, mark = trail.finished_since(57)
+    assert [v.id for v in views] == ["r57", "r58", "r59"] and mark == 60
+    assert [v.id for v in trail.views(after=59)] == ["r59"]  # `after` is a seq: r59's is 60
