@@ -48,6 +48,9 @@ class Router:
         self._targets: dict[str, Route] = {}
         """`provider/model` -> its route (the config does not change while it runs; nobody changes a
         route's targets). At most _TARGETS_CACHED names: a client cannot grow it."""
+        self._bare_routes: dict[str, Route] = {}
+        """A bare model -> its route to the provider that listed it when last asked (replaced when
+        another lists it first). Only models some provider lists, and at most _TARGETS_CACHED."""
         self._combo_targets = {
             name: [_parse_target(t) for t in combo.targets] for name, combo in config.combos.items()
         }
@@ -77,7 +80,14 @@ class Router:
     def _bare(self, model: str, provider: str | None) -> Route | None:
         """A bare model's route: the provider that lists it, else the default combo (or none)."""
         if provider is not None:
-            return Route([Target(provider, model)])
+            # A route and its target made once per model, not per request: the common case of a
+            # local server's models (`llama3.1:8b`).
+            route = self._bare_routes.get(model)
+            if route is None or route.targets[0].provider != provider:
+                route = Route([Target(provider, model)])
+                if model in self._bare_routes or len(self._bare_routes) < _TARGETS_CACHED:
+                    self._bare_routes[model] = route
+            return route
         if self.config.server.default_combo:
             return self._resolve_static(self.config.server.default_combo)
         return None

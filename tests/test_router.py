@@ -165,3 +165,24 @@ def test_an_open_provider_never_listed_is_passed_over_not_the_end_of_the_search(
         breaker.record_failure(clock.now())
     assert asyncio.run(router.resolve("m1")) == Route([Target("p2", "m1")])  # p1 is not asked
     assert router.known("m1") == Route([Target("p2", "m1")])
+
+
+def test_a_bare_models_route_is_made_once_and_follows_the_lists() -> None:
+    """Every request for a local server's model (`llama3.1:8b`) gets the same route, not a new one;
+    when another provider comes to list it first, the route goes there."""
+    clock = FakeClock()
+    config = three_providers(default_combo=False)
+    runtime = Runtime(config, MemoryStore(), clock=clock, env={})
+    listed = {"p1": [], "p2": ["m1"], "p3": ["m1"]}
+
+    async def list_models(provider: str) -> list[str]:
+        return listed[provider]
+
+    router = Router(config, runtime.engine, list_models)
+    first = asyncio.run(router.resolve("m1"))
+    assert first == Route([Target("p2", "m1")])
+    assert router.known("m1") is first and asyncio.run(router.resolve("m1")) is first
+    listed["p1"] = ["m1"]
+    clock.advance(TTL_MS)
+    assert asyncio.run(router.resolve("m1")) == Route([Target("p1", "m1")])
+    assert router.known("m1") == Route([Target("p1", "m1")])
