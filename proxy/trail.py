@@ -187,6 +187,7 @@ _WORDS = 9
 """The items of a `Finished` before its attempts' strings."""
 _LAYOUTS = [struct.Struct(_HEAD.format + _ATTEMPT * n) for n in range(4)]
 """The numbers' layout by attempt count (more attempts than these are rare: made when met)."""
+_ONE_ATTEMPT = _LAYOUTS[1]
 _SEQ = struct.Struct("<q")
 _ID_LENGTH = struct.Struct("<H")
 _ID_LENGTH_AT = _HEAD.size - _ID_LENGTH.size
@@ -230,12 +231,51 @@ def finished(record: RequestRecord) -> Finished:
     if model is not None:
         flags |= _MODEL
         text += model.encode()
-    head = (
+    skipped = None if record.skipped is None else tuple(record.skipped)
+    waits = None if record.waits is None else tuple(record.waits)
+    ttft_or_nan = math.nan if ttft is None else ttft
+    status_or_none = _NONE if status is None else status
+    if len(attempts) == 1:  # the common case, spelt out: no intermediate tuples, no loop
+        target, provider, connection, started, took, answered, outcome, reason = attempts[0]
+        data = _ONE_ATTEMPT.pack(
+            record.seq,
+            record.started_at,
+            record.ended_at,
+            ttft_or_nan,
+            status_or_none,
+            record.bytes_in,
+            record.bytes_out,
+            prompt,
+            completion,
+            total,
+            flags,
+            len(ident),
+            started,
+            took,
+            _NONE if answered is None else answered,
+        )
+        return (
+            data + text,
+            record.client,
+            record.endpoint,
+            record.route,
+            record.state,
+            record.code,
+            record.message,
+            skipped,
+            waits,
+            target,
+            provider,
+            connection,
+            outcome,
+            reason,
+        )
+    numbers: list[object] = [
         record.seq,
         record.started_at,
         record.ended_at,
-        math.nan if ttft is None else ttft,
-        _NONE if status is None else status,
+        ttft_or_nan,
+        status_or_none,
         record.bytes_in,
         record.bytes_out,
         prompt,
@@ -243,27 +283,23 @@ def finished(record: RequestRecord) -> Finished:
         total,
         flags,
         len(ident),
-    )
-    words = (
+    ]
+    kept: list[object] = [
+        None,
         record.client,
         record.endpoint,
         record.route,
         record.state,
         record.code,
         record.message,
-        None if record.skipped is None else tuple(record.skipped),
-        None if record.waits is None else tuple(record.waits),
-    )
-    if len(attempts) == 1:  # the common case, without a loop
-        target, provider, connection, started, took, answered, outcome, reason = attempts[0]
-        data = _LAYOUTS[1].pack(*head, started, took, _NONE if answered is None else answered)
-        return (data + text, *words, target, provider, connection, outcome, reason)
-    numbers: list[object] = list(head)
-    strings: list[object] = []
+        skipped,
+        waits,
+    ]
     for target, provider, connection, started, took, answered, outcome, reason in attempts:
         numbers += (started, took, _NONE if answered is None else answered)
-        strings += (target, provider, connection, outcome, reason)
-    return (_layout(len(attempts)).pack(*numbers) + text, *words, *strings)
+        kept += (target, provider, connection, outcome, reason)
+    kept[0] = _layout(len(attempts)).pack(*numbers) + text
+    return tuple(kept)
 
 
 def finished_seq(kept: Finished) -> int:
