@@ -7,6 +7,9 @@
     python bench/proxy.py --only unrecorded --skip-stream --skip-agent --recording-pairs 8 --recording-control
                                                          # recording's cost, and how far apart two
                                                          #   instances of the same program come out
+    python bench/proxy.py --only unrecorded --skip-stream --skip-agent --recording-ring 1
+                                                         # what keeping 2,000 records costs, apart
+                                                         #   from the work of recording them
     python bench/proxy.py --only direct,floor,omniroute --connections 8 --skip-stream --skip-agent
 
 Non-streaming: a fixed-reply nginx upstream (nginx-upstream.conf), `wrk` driving post.lua at 1, 8
@@ -631,22 +634,25 @@ class RecordingPairs:
 
 
 def recording_pairs(
-    tmp: Path, pairs: int, rounds: int, seconds: int, *, control: bool = False
+    tmp: Path, pairs: int, rounds: int, seconds: int, *, control: bool = False, ring: int | None = None
 ) -> RecordingPairs:
     """Recording's cost over `pairs` pairs of fresh `omniroute serve` instances, started for this
     and stopped after: one with recording on (the default request_history), one with
     `request_history = 0` (recording off) or, for the `control`, a second one with recording on:
-    two instances that differ in nothing. Each pair takes turns in `rounds` rounds at
+    two instances that differ in nothing; with `ring`, one recording into a ring of that many
+    records (`--recording-ring 1`: what the ring's size costs, apart from recording's work). Each pair takes turns in `rounds` rounds at
     RECORDING_CONNECTIONS after a warm-up that fills the request ring.
 
     Why fresh pairs rather than one instance of each for the whole run: two instances of the same
     program on this kind of machine differ by up to a tenth in throughput for as long as they
     live (the control shows it), which on one pair is twice the bar. Pairs start in alternating
     order, so neither side is always the one started first."""
-    result = RecordingPairs("twin" if control else "unrecorded", [], [])
+    other = "twin" if control else "unrecorded" if ring is None else f"ring of {ring}"
+    history = None if control else 0 if ring is None else ring
+    result = RecordingPairs(other, [], [])
     for n in range(pairs):
         procs = Processes(tmp)
-        sides = [("recorded", RECORDED_PORT, None), (result.other, QUIET_PORT, None if control else 0)]
+        sides = [("recorded", RECORDED_PORT, None), (other, QUIET_PORT, history)]
         if n % 2:
             sides.reverse()
         targets: dict[str, Target] = {}
@@ -655,11 +661,13 @@ def recording_pairs(
                 config = omni_config().replace(f"port = {OMNI_PORT}\n", f"port = {port}\n")
                 if history is not None:
                     config = config.replace("[server]\n", f"[server]\nrequest_history = {history}\n")
-                path = tmp / f"{name}-{n}.toml"
+                path = tmp / f"{name.replace(' ', '-')}-{n}.toml"
                 path.write_text(config)
                 path.chmod(0o600)
                 cmd = [*omniroute_command(), "serve", "--config", str(path)]
-                procs.start(f"{name}-{n}", [*cmd, "--state", str(tmp / f"{name}-{n}.db")], cwd=ROOT)
+                procs.start(
+                    f"{name}-{n}", [*cmd, "--state", str(tmp / f"{name.replace(' ', '-')}-{n}.db")], cwd=ROOT
+                )
             for name, port, _ in sides:
                 if not wait_port(port):
                     raise RuntimeError(f"{name} did not start: {procs.log_tail(f'{name}-{n}')}")
@@ -683,6 +691,13 @@ def recording_section(report: Report, measured: RecordingPairs, control: Recordi
         f"recording on vs off (recorded / unrecorded), c={c}, {len(measured.rps)} pairs of fresh "
         "instances: medians of all their per-round ratios"
     )
+    if measured.other != "unrecorded":  # --recording-ring: a diagnostic, not the bar
+        report.line(
+            f"  recorded / {measured.other}: throughput {measured.pooled():.3f} (pairs "
+            + " ".join(f"{statistics.median(p):.3f}" for p in measured.rps if p)
+            + f"), CPU per request x{measured.pooled('cpu'):.3f}"
+        )
+        return
     for label, pairs in (("on / off", measured), ("control, on / on", control)):
         if pairs is None or not any(pairs.rps):
             continue
@@ -906,6 +921,14 @@ def main(argv: list[str] | None = None) -> int:
         help="pairs of fresh instances (recording on, off) that measure recording's cost (default 4)",
     )
     ap.add_argument(
+        "--recording-ring",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of recording off, set recording into a ring of N records against the default ring "
+        "(a diagnostic: 1 measures what keeping the records costs)",
+    )
+    ap.add_argument(
         "--recording-control",
         action="store_true",
         help="also measure as many pairs of two recording instances: how far apart the same program comes out",
@@ -1030,7 +1053,9 @@ def main(argv: list[str] | None = None) -> int:
         nonstream_section(report, rounds, conns, litellm_note)
         if "unrecorded" in wanted:
             try:
-                measured = recording_pairs(tmp, args.recording_pairs, args.rounds, args.seconds)
+                measured = recording_pairs(
+                    tmp, args.recording_pairs, args.rounds, args.seconds, ring=args.recording_ring
+                )
                 control = None
                 if args.recording_control:
                     control = recording_pairs(
