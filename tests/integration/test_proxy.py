@@ -710,19 +710,27 @@ def test_case_27_both_targets_cooling_wait_enabled_succeeds_once_the_first_recov
     proxy.settled()
 
 
-def test_a_request_waits_out_a_long_probe_and_is_served_when_it_settles(
+def _half_open(
     launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
-) -> None:
-    """A probe in flight was waited on a second at a time, each wait one of `maxAttempts`: behind a
-    probe that streamed for 11 s every other request got 503 after five. Now a request waits until
-    the probe settles (its breaker's event ends the wait), up to `maxWaitMs`."""
+) -> tuple[Upstream, FakeClock, Proxy]:
+    """A proxy with waits on whose one provider's breaker is HALF_OPEN: its next request is the probe."""
     up = upstreams()
     clock = FakeClock()
     proxy = launch(provider("loc", "local", up.url, "loc-1"), settings=WAIT_ON, clock=clock)
     breaker = proxy.rt.engine.providers["loc"].breaker
     for _ in range(breaker.policy.failure_threshold):
         breaker.record_failure(clock.now())
-    clock.advance(breaker.policy.reset_timeout_ms + 1)  # HALF_OPEN: the next request is the probe
+    clock.advance(breaker.policy.reset_timeout_ms + 1)
+    return up, clock, proxy
+
+
+def test_a_request_waits_out_a_long_probe_and_is_served_when_it_settles(
+    launch: Callable[..., Proxy], upstreams: Callable[..., Upstream]
+) -> None:
+    """A probe in flight was waited on a second at a time, each wait one of `maxAttempts`: behind a
+    probe that streamed for 11 s every other request got 503 after five. Now a request waits until
+    the probe settles (its breaker's event ends the wait), up to `maxWaitMs`."""
+    up, clock, proxy = _half_open(launch, upstreams)
     up.fake.script(Reply("slow_headers", delay_ms=600))  # (real time: the probe's upstream is slow)
     probe = in_thread(lambda: proxy.chat("loc/m1"))
     wait_until(lambda: up.fake.in_flight == 1, what="the probe to reach the upstream")
@@ -749,13 +757,7 @@ def test_a_request_waiting_on_a_probe_takes_it_when_the_probe_is_let_go_without_
     """A probe whose client leaves settles nothing: its slot is freed, no breaker event says so. A
     request waiting on it looks again within a second (PROBE_RECOVERY_ESTIMATE_MS) and becomes the
     next probe, rather than sleep out `maxWaitMs`."""
-    up = upstreams()
-    clock = FakeClock()
-    proxy = launch(provider("loc", "local", up.url, "loc-1"), settings=WAIT_ON, clock=clock)
-    breaker = proxy.rt.engine.providers["loc"].breaker
-    for _ in range(breaker.policy.failure_threshold):
-        breaker.record_failure(clock.now())
-    clock.advance(breaker.policy.reset_timeout_ms + 1)  # HALF_OPEN: the next request is the probe
+    up, clock, proxy = _half_open(launch, upstreams)
     up.fake.script(Reply("hang"))  # the probe's upstream never answers; its client gives up
     gave_up: list[Exception] = []
 
