@@ -205,11 +205,12 @@ def finished(record: RequestRecord) -> Finished:
     A ring holds thousands of records, each for as long as the ring takes to turn, and what they
     keep costs every request beside them: a `RequestRecord` keeps about fifteen objects of its own
     (its floats, counts, attempt tuple and list, id and model), each one made among a request's
-    short-lived objects, and freed cold when its record leaves, long after. With the default ring
-    that cost 5-7 % of the proxy's CPU per request, with the same work done (a ring of one against
-    one of 2,000, bench/proxy.py). A `Finished` is two objects, both made with the rest of a batch
-    (`Trail._fold`); its other strings are shared ones for a success (a connection's client, the
-    configured names, the words of an outcome)."""
+    short-lived objects, and freed cold when its record leaves, long after. For requests to a bare
+    model that cost 3-8 % of the proxy's CPU per request, with the same work done (a ring of one
+    against one of 2,000; docs/performance.md; `bench/proxy.py --recording-ring 1` measures it). A
+    `Finished` is two objects, both made with the rest of a batch (`Trail._fold`); its other strings
+    are shared ones for a success (a connection's client, the configured names, the words of an
+    outcome)."""
     attempts = record.attempts
     usage = record.usage
     ttft = record.ttft_ms
