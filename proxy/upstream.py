@@ -1,9 +1,9 @@
-"""The one long-lived upstream HTTP client (aiohttp: the fastest client on this stack, see README).
+"""The one long-lived upstream HTTP client: its timeouts, and its failures as the engine's outcomes.
 
 `UpstreamClient.send` builds the upstream request from scratch (the client's Authorization and
 session headers never travel), waits for the response headers within the first-byte timeout,
-and maps every transport failure to one `UpstreamFailure` carrying an engine `Outcome`. This is
-the only place where aiohttp exceptions are translated.
+and maps every transport failure to one `UpstreamFailure` carrying an engine `Outcome`. The HTTP
+itself is `proxy.http1`'s; this is the only place where its exceptions are translated.
 """
 
 from __future__ import annotations
@@ -12,21 +12,18 @@ import asyncio
 import errno
 import os
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
-
+from proxy import http1
 from proxy.resilience.outcome import Outcome
 
 T = TypeVar("T")
 
-_PLAIN_HEADERS_CACHED = 64
-_URLS_CACHED = 256
+_HEADS_CACHED = 256
 MAX_ERROR_BODY = 1024 * 1024
 """An upstream's error body is relayed whole up to this size; a gateway that answers an error
 with more must not make us buffer it all, so past this it is not relayed at all (a cut JSON body
@@ -69,14 +66,14 @@ class UpstreamResponse:
     """An upstream response whose headers have arrived; the body is read on demand.
 
     Every wait for more of the body ends after `idle_s` without a byte (the idle timeout, an
-    `upstream idle timeout` stall), behind the client's one loop timer (`Deadlines`): aiohttp's own
-    `sock_read` would start and stop a loop timer per request and per read."""
+    `upstream idle timeout` stall), behind the client's one loop timer (`Deadlines`) rather than a
+    loop timer per request and per read."""
 
     __slots__ = ("_body_timeout_ms", "_deadlines", "_headers", "_idle_s", "_response", "status")
 
     def __init__(
         self,
-        response: aiohttp.ClientResponse,
+        response: http1.Response,
         body_timeout_ms: float,
         deadlines: Deadlines,
         idle_s: float,
@@ -94,7 +91,7 @@ class UpstreamResponse:
         """The response's headers by lower-case name (the last of repeated ones). Built when first
         read: only an error answer's retry hints need them."""
         if self._headers is None:
-            self._headers = {k.lower(): v for k, v in self._response.headers.items()}
+            self._headers = {k.lower(): v for k, v in self._response.headers}
         return self._headers
 
     def read_arrived(self) -> bytes | None:
@@ -102,12 +99,11 @@ class UpstreamResponse:
         came with the headers), released as `read` leaves it; None when some is still to come.
         Not a coroutine: there is nothing to wait for, and a coroutine is an object per call."""
         response = self._response
-        content = response.content
-        if not content.is_eof() or content.exception() is not None:
+        if not response.complete:
             return None
-        # No deadline to set up. (A body can only be buffered whole up to aiohttp's read buffer
-        # limits; the size check is kept all the same.)
-        data = content.read_nowait()
+        # No deadline to set up; what arrived was bounded as it came (http1.BUFFER_HIGH stops
+        # the reading), so a body this size cannot have come whole, but the check stays.
+        data = response.read_nowait()
         if len(data) > MAX_UPSTREAM_BODY_BYTES:
             response.close()
             raise UpstreamFailure(
@@ -129,18 +125,18 @@ class UpstreamResponse:
             return arrived
         limit = MAX_UPSTREAM_BODY_BYTES
         response = self._response
-        content = response.content
         deadlines = self._deadlines
         task = _current_task(deadlines.loop)
         done_by = deadlines.loop.time() + self._body_timeout_ms / 1000
         try:
-            if response.content_length is not None and response.content_length > limit:
+            length = response.header("content-length")
+            if length is not None and length.strip().isdigit() and int(length) > limit:
                 raise UpstreamFailure(Outcome.network(f"upstream body larger than {limit} bytes"))
             chunks: list[bytes] = []
             size = 0
             while True:
                 at = min(deadlines.loop.time() + self._idle_s, done_by)
-                chunk = await deadlines.within(content.readany(), task, at)
+                chunk = await deadlines.within(response.readany(), task, at)
                 if not chunk:
                     break
                 size += len(chunk)
@@ -153,7 +149,7 @@ class UpstreamResponse:
                 message = f"upstream body not complete within {self._body_timeout_ms:g} ms of its headers"
                 raise UpstreamFailure(Outcome.stall(message)) from exc
             raise UpstreamFailure(IDLE) from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except (http1.ConnectionBroken, OSError) as exc:
             response.close()
             raise UpstreamFailure(_network_outcome(exc)) from exc
         except BaseException:
@@ -165,7 +161,7 @@ class UpstreamResponse:
     async def read_error_body(self) -> tuple[bytes, bool]:
         """The error body and whether that is all of it: at most MAX_ERROR_BODY bytes are read (the
         rest is not waited for). A body that breaks off is what arrived, and not whole."""
-        content = self._response.content
+        response = self._response
         deadlines = self._deadlines
         task = _current_task(deadlines.loop)
         chunks: list[bytes] = []
@@ -173,18 +169,17 @@ class UpstreamResponse:
         whole = False
         try:
             while size <= MAX_ERROR_BODY:
-                # read(n) returns what is there (at most n), not n: loop until the end or the limit.
                 at = deadlines.loop.time() + self._idle_s
-                chunk = await deadlines.within(content.read(MAX_ERROR_BODY + 1 - size), task, at)
+                chunk = await deadlines.within(response.readany(), task, at)
                 if not chunk:
                     whole = True
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-        except (DeadlinePassed, aiohttp.ClientError, OSError):
+        except (DeadlinePassed, http1.ConnectionBroken, OSError):
             pass
         finally:
-            self._response.close()
+            response.close()
         raw = b"".join(chunks)
         return raw[:MAX_ERROR_BODY], whole
 
@@ -195,7 +190,6 @@ class UpstreamResponse:
         came within BURST_GAP_S of the one before), what follows is gathered for BURST_GAP_S before
         it is read, so a burst costs a read and a write per window instead of one per event."""
         response = self._response
-        content = response.content
         deadlines = self._deadlines
         loop = deadlines.loop
         idle = self._idle_s
@@ -203,70 +197,56 @@ class UpstreamResponse:
         try:
             # The task is looked up for each read: a relay reads its first chunk in the request's
             # task and the rest in the one its response streams from.
-            while chunk := await deadlines.within(content.readany(), _current_task(loop), loop.time() + idle):
+            while chunk := await deadlines.within(
+                response.readany(), _current_task(loop), loop.time() + idle
+            ):
                 yield chunk
                 now = loop.time()
-                if now - previous < BURST_GAP_S and not content.is_eof():
-                    await _gather(response.connection)
+                if now - previous < BURST_GAP_S and not response.complete:
+                    await _gather(response)
                     now = loop.time()
                 previous = now
         except DeadlinePassed as exc:
             raise UpstreamFailure(IDLE) from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except (http1.ConnectionBroken, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
 
     @property
     def content_type(self) -> str:
         """The answer's Content-Type (the last one, as `headers` reads it), as the client can be
         sent it: see `relayable_type`."""
-        found = self._response.headers.getall("content-type", None)
-        return relayable_type(found[-1]) if found else "application/json"
+        found = self._response.header("content-type")
+        return relayable_type(found) if found is not None else "application/json"
 
     def close(self) -> None:
         self._response.close()
 
 
-async def _gather(connection: aiohttp.connector.Connection | None) -> None:
-    """Let a burst's data gather in the socket for BURST_GAP_S: the transport stops reading, or the
-    loop would read it anyway, a few events at a time, into the response's buffer. Not while
-    aiohttp's own flow control holds the transport (its buffer is full: a slow client)."""
-    transport = connection.transport if connection is not None else None
-    if transport is None or not transport.is_reading():
-        return
-    transport.pause_reading()
+async def _gather(response: http1.Response) -> None:
+    """Let a burst's data gather in the socket for BURST_GAP_S: the connection stops reading, or
+    the loop would read it anyway, a few events at a time, into the response's buffer."""
+    response.hold()
     try:
         await asyncio.sleep(BURST_GAP_S)
     finally:
-        if not transport.is_closing():
-            transport.resume_reading()
+        response.unhold()
 
 
 class UpstreamClient:
     def __init__(self, timeouts: Timeouts | None = None, *, max_connections: int = 512) -> None:
         self.timeouts = timeouts or Timeouts()
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: http1.Pool | None = None
         self._max_connections = max_connections
         self._deadlines: Deadlines | None = None
         """The first-byte deadlines of the requests in flight (on the loop they are sent from)."""
-        self._plain_headers: dict[str | None, Mapping[str, str]] = {}
-        """API key -> the request headers of a provider without headers or credentials of its own,
-        as aiohttp's own read-only multidict (a plain mapping is copied into one per request)."""
-        self._urls: dict[str, URL] = {}
-        """URL -> parsed: the same few every time (aiohttp parses a string URL per request, through
-        a Python constructor); at most _URLS_CACHED of them."""
+        self._heads: dict[tuple[str, str, str | None], tuple[bytes, http1.Target]] = {}
+        """(method, URL, API key) -> the request's head and parsed URL, for a provider without
+        headers or credentials of its own: the same few every time (at most _HEADS_CACHED)."""
 
     async def start(self) -> None:
-        if self._session is None:
-            t = self.timeouts
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300),
-                # The idle timeout is UpstreamResponse's (behind one loop timer), not `sock_read`.
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_ms / 1000, sock_read=None),
-                auto_decompress=True,
-                # One session serves every client: a cookie an upstream sets for one of them must not
-                # travel with the others' requests.
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent",),
+        if self._pool is None:
+            self._pool = http1.Pool(
+                limit=self._max_connections, connect_timeout_s=self.timeouts.connect_ms / 1000
             )
 
     def deadlines(self) -> Deadlines:
@@ -279,9 +259,9 @@ class UpstreamClient:
         return deadlines
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     async def send(
         self,
@@ -299,29 +279,33 @@ class UpstreamClient:
         `api_key` travels as `Authorization: Bearer`; a provider with another auth style passes
         `api_key=None` and its `credentials` headers instead (`proxy.apis.auth_headers`), which
         are set last so that no configured header can replace them."""
-        if self._session is None:
+        if self._pool is None:
             await self.start()
-        assert self._session is not None
-        headers: Mapping[str, str] | None = None
-        if not extra_headers and not credentials:
-            # The same few header sets every time (one per key): built once, read-only.
-            headers = self._plain_headers.get(api_key)
-        if headers is None:
+        pool = self._pool
+        assert pool is not None
+        plain = not extra_headers and not credentials
+        # The same few heads every time (one per URL and key): built once.
+        known = self._heads.get((method, url, api_key)) if plain else None
+        if known is None:
             built = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
-            if extra_headers:
-                built.update(extra_headers)
-            if api_key:
-                built["authorization"] = f"Bearer {api_key}"
-            if credentials:
-                built.update(credentials)
-            headers = built
-            if not extra_headers and not credentials and len(self._plain_headers) < _PLAIN_HEADERS_CACHED:
-                headers = self._plain_headers[api_key] = CIMultiDictProxy(CIMultiDict(built))
-        target = self._urls.get(url)
-        if target is None:
-            target = URL(url)  # as aiohttp would parse it (encoded=False)
-            if len(self._urls) < _URLS_CACHED:
-                self._urls[url] = target
+            try:
+                target = http1.parse_url(url)
+                if target.basic is not None:  # base_url's user name and password; a key comes first
+                    built["authorization"] = target.basic
+                if extra_headers:
+                    built.update((name.lower(), value) for name, value in extra_headers.items())
+                if api_key:
+                    built["authorization"] = f"Bearer {api_key}"
+                if credentials:
+                    built.update((name.lower(), value) for name, value in credentials.items())
+                known = (http1.request_head(method, target, list(built.items())), target)
+            except ValueError as exc:
+                # base_url and the headers come from a checked configuration; a value that still
+                # cannot go into a request fails this attempt, in words, not the proxy
+                raise UpstreamFailure(Outcome.local(f"cannot send this request: {exc}")) from exc
+            if plain and len(self._heads) < _HEADS_CACHED:
+                self._heads[(method, url, api_key)] = known
+        head, target = known
         limit = (first_byte_ms if first_byte_ms is not None else self.timeouts.first_byte_ms) / 1000
         # The first-byte deadline cancels this task when it passes, as an `asyncio.timeout` context
         # would (without its object, reschedule and exit check per request, in Python), and
@@ -342,31 +326,28 @@ class UpstreamClient:
         if deadlines.timer is None or deadline < deadlines.at:
             deadlines.arm(deadline)
         try:
-            # Redirects are not followed: a key, the provider's headers and (on a 307) the prompt go
-            # only where base_url points, never wherever an upstream names.
-            response = await self._session.request(
-                method, target, data=body, headers=headers, allow_redirects=False
-            )
+            # Redirects are not followed (http1 never does): a key, the provider's headers and (on
+            # a 307) the prompt go only where base_url points, never wherever an upstream names.
+            response = await pool.request(head, target, body)
         except asyncio.CancelledError as exc:
             if task in deadlines.passed_tasks and task.uncancel() <= cancelling:
                 raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
             raise
-        except TimeoutError as exc:  # aiohttp's own (sock_connect): the same words as ours
+        except TimeoutError as exc:  # the connect timeout: the same words as ours
             raise UpstreamFailure(Outcome.network("timeout before the response headers")) from exc
-        except (aiohttp.ClientError, OSError) as exc:
+        except (http1.ConnectFailed, http1.ConnectionBroken, OSError) as exc:
             raise UpstreamFailure(_network_outcome(exc)) from exc
         finally:
             if deadlines.pending.pop(task, None) is None:  # (`Deadlines.discard`, inline)
                 deadlines.passed_tasks.discard(task)
         status = response.status
         if not (200 <= status < 300 or 400 <= status <= 599):
-            location = response.headers.get("location")
+            location = response.header("location")
             response.close()
             if 300 <= status < 400:
                 raise UpstreamFailure(Outcome.network(redirected(status, location)))
-            # aiohttp reads any three digits as a final answer's status: 600-999 are not HTTP's,
-            # and no client could be answered with one (uvicorn writes status lines for 100-599),
-            # nor with a 1xx, which is never an answer.
+            # Three digits that are no final answer's status: 600-999 are not HTTP's, and no
+            # client could be answered with one (uvicorn writes status lines for 100-599).
             raise UpstreamFailure(Outcome.network(f"answered status {status}, which is no answer in HTTP"))
         # The same budget again for the rest of a non-streaming answer (see UpstreamResponse.read).
         return UpstreamResponse(response, limit * 1000, deadlines, self.timeouts.idle_ms / 1000)
@@ -480,20 +461,24 @@ no descriptor left for a socket (a low `ulimit -n` under a busy agent), no buffe
 
 
 def _network_outcome(exc: BaseException) -> Outcome:
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return IDLE
-    local = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    local = exc.error if isinstance(exc, http1.ConnectFailed) else exc
     if isinstance(local, OSError) and local.errno in SHORTAGES:
         # Counts against no layer: a healthy upstream must not be cooled, nor its breaker opened,
         # for what this process lacks.
         return Outcome.local(f"the proxy could not open a connection: {os.strerror(local.errno).lower()}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        # In words: "connection refused", not aiohttp's "Connect call failed ('127.0.0.1', 11434)".
-        os_error = exc.os_error
-        if isinstance(os_error, socket.gaierror):
-            return Outcome.network(f"cannot resolve {exc.host}: {os_error.strerror or os_error}")
-        words = os.strerror(os_error.errno) if os_error.errno else str(os_error.strerror or os_error)
+    if isinstance(exc, http1.ConnectFailed):
+        # In words: "connection refused", not "[Errno 111] Connect call failed ('127.0.0.1', 11434)".
+        error = exc.error
+        if isinstance(error, socket.gaierror):
+            return Outcome.network(f"cannot resolve {exc.host}: {error.strerror or error}")
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return Outcome.network(f"TLS: {error.verify_message or error.reason}")
+        if isinstance(error, ssl.SSLError):
+            return Outcome.network(f"TLS: {error.reason or error}")
+        words = os.strerror(error.errno) if error.errno else str(error.strerror or error)
         return Outcome.network(words[:1].lower() + words[1:])
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+    if isinstance(exc, http1.ConnectionBroken):
+        return Outcome.network(str(exc))
+    if isinstance(exc, ConnectionError):  # reset, broken pipe: mid-exchange
         return Outcome.network("upstream closed the connection")
     return Outcome.network(type(exc).__name__)

@@ -6,7 +6,7 @@ import asyncio
 import random
 from typing import Any
 
-import aiohttp
+import httpx
 
 MAX_IN_FLIGHT = 8
 REQUEST_TIMEOUT_S = 30.0
@@ -65,9 +65,8 @@ class DemoTraffic:
         await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
-        session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-            connector=aiohttp.TCPConnector(limit=MAX_IN_FLIGHT),
+        session = httpx.AsyncClient(
+            timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_connections=MAX_IN_FLIGHT), trust_env=False
         )
         interval = 1.0 / self.rate_per_s
         try:
@@ -84,9 +83,9 @@ class DemoTraffic:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-            await session.close()
+            await session.aclose()
 
-    async def _send(self, session: aiohttp.ClientSession, endpoint: str, model: str, stream: bool) -> None:
+    async def _send(self, session: httpx.AsyncClient, endpoint: str, model: str, stream: bool) -> None:
         if endpoint == "embeddings":
             payload: dict[str, Any] = {"model": model, "input": "the quick brown fox"}
         elif endpoint == "messages":
@@ -106,10 +105,9 @@ class DemoTraffic:
                 payload["stream_options"] = {"include_usage": True}
         self.sent += 1
         try:
-            async with session.post(f"{self.base_url}/v1/{endpoint}", json=payload) as response:
-                await response.read()
-                status = response.status
-                provider = response.headers.get("x-omniroute-provider")
+            response = await session.post(f"{self.base_url}/v1/{endpoint}", json=payload)
+            status = response.status_code
+            provider = response.headers.get("x-omniroute-provider")
         except Exception:  # the demo's client must never disturb the instance: count and move on
             self.errors += 1
             return
