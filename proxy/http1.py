@@ -209,6 +209,7 @@ class Response:
         connection.finished(self)
 
     close = release
+    """(Release and close are one: an answer not whole leaves its connection unusable either way.)"""
 
     def __del__(self) -> None:
         # Dropped without a release (a bug of the caller's): its connection must not stay busy,
@@ -216,7 +217,6 @@ class Response:
         connection = self._connection
         if connection is not None:
             connection.abort()
-    """(Release and close are one: an answer not whole leaves its connection unusable either way.)"""
 
     # ------------------------------------------------------------------ fed by the connection
 
