@@ -1564,7 +1564,10 @@ def _ended(trail: Trail, record: RequestRecord, response: Response | None, now: 
         # The body was scrubbed as it was relayed; what decoding it reveals is scrubbed again (a
         # secret an upstream escaped twice reads, once decoded, as one escaped once).
         scrub = trail.engine.scrubber
-        code, message = error_of(bytes(body))
+        if type(response) is ErrorResponse:  # our own: its words are at hand, as its body says them
+            code, message = kept_message(response.code), kept_message(response.message)
+        else:
+            code, message = error_of(bytes(body))
         record.code = scrub(code) if code else code
         record.message = scrub(message) if message else message
     trail.end(record, status, None, now)  # (by position: keywords to a method cost a dict)

@@ -20,11 +20,15 @@ def error_body(status: int, message: str, code: str, **extra: Any) -> bytes:
 
 class ErrorResponse(Response):
     """An error the proxy itself answers (not an upstream's, which is relayed as it came): it keeps
-    its message, so a route of another wire API can say it in that API's shape (`reshaped`)."""
+    its message and code, so a route of another wire API can say it in that API's shape
+    (`reshaped`), and the request's record can keep them without decoding the body."""
 
-    def __init__(self, status: int, message: str, body: bytes, headers: Mapping[str, str] | None) -> None:
+    def __init__(
+        self, status: int, message: str, code: str, body: bytes, headers: Mapping[str, str] | None
+    ) -> None:
         super().__init__(body, status_code=status, media_type="application/json", headers=headers)
         self.message = message
+        self.code = code
 
     def reshaped(self, body: bytes) -> Response:
         """The same answer (status, headers) with another body."""
@@ -44,7 +48,7 @@ def error_response(
     **extra: Any,
 ) -> ErrorResponse:
     return ErrorResponse(
-        status, message, error_body(status, message, code, **extra), dict(headers) if headers else None
+        status, message, code, error_body(status, message, code, **extra), dict(headers) if headers else None
     )
 
 

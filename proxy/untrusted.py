@@ -156,6 +156,13 @@ def dumps(data: Any) -> bytes:
             return encode_basestring(data).encode()
         except UnicodeEncodeError:
             return encode_basestring_ascii(data).encode()
+    try:
+        # orjson writes the same document (compact) in a tenth of the time: every error answer and
+        # management document goes this way. It refuses what JSON's standard writer takes or
+        # escapes: a lone surrogate, an integer past 64 bits, a key that is not a string.
+        return orjson.dumps(data)
+    except TypeError:  # (orjson.JSONEncodeError is one)
+        pass
     text = json.dumps(data, ensure_ascii=False)
     try:
         return text.encode()

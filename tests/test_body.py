@@ -245,6 +245,24 @@ def test_a_model_is_written_as_json_dumps_writes_it(model: str) -> None:
     assert untrusted.dumps(model) == expected
 
 
+_DOCUMENTS = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)  # past 64 bits too: orjson refuses those
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),  # lone surrogates too: UTF-8 cannot hold them
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_DOCUMENTS)
+def test_any_document_is_written_as_the_same_json(document: object) -> None:
+    # orjson first, the standard writer for what it refuses: either way the same document.
+    written = untrusted.dumps(document)
+    assert json.loads(written) == document
+
+
 def _orjson_members(raw: bytes) -> dict[str, object] | None:
     """READ_MEMBERS as the pipeline reads them from orjson's document (None: orjson refuses it, or
     it is not an object), nested values as `()`, as `_read_members` gives them."""

@@ -265,3 +265,37 @@ def test_a_messages_stream_whose_connection_closes_between_events_before_message
     assert record["state"] == "failed", record
     assert record["attempts"][0]["outcome"] != "ok"
     proxy.settled()
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"HTTP/1.1 200 OK\r\n" + b"x-h: 1\r\n" * 200 + b"\r\n" + COMPLETION, "not HTTP"),
+        (b"HTTP/1.1 200 OK\r\nx-pad: " + b"a" * (80 * 1024) + b"\r\n\r\n" + COMPLETION, "not HTTP"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "not HTTP"),
+    ],
+    ids=["200-headers", "80-KiB-header", "not-http"],
+)
+def test_an_answer_with_an_endless_head_or_no_http_at_all_is_a_failure_that_falls_back(
+    launch: Callable[..., Proxy],
+    upstreams: Callable[..., Upstream],
+    raw: Callable[..., RawUpstream],
+    answer: bytes,
+    words: str,
+) -> None:
+    """The proxy does not buffer an upstream's head without end (64 KiB, 128 headers), nor take
+    what is not HTTP for an answer: the attempt fails, in words, and the next candidate answers."""
+    odd = raw(lambda path: answer)
+    good = upstreams()
+    proxy = launch(
+        provider("odd", "local", odd.url, "odd-1")
+        + provider("good", "local", good.url, "good-1")
+        + '[combos.both]\nstrategy = "priority"\ntargets = ["odd/m1", "good/m1"]\n'
+    )
+    response = proxy.chat("both")
+    assert response.status_code == 200, response.text
+    assert response.headers["x-omniroute-selected-connection-id"] == "good-1"
+    [first, _] = proxy.http.get("/api/requests").json()["requests"][0]["attempts"]
+    assert (first["connectionId"], first["outcome"]) == ("odd-1", "fallback")
+    assert words in first["reason"], first["reason"]
+    proxy.settled()
