@@ -48,7 +48,7 @@ counts events: the chunk rate is events / (last byte - first event), the time to
 request sent -> first event. A second upstream model pauses 200 ms after its first event: a relay
 that buffers would hold that first event back until the pause is over.
 
-Needs nginx and wrk (apt-get install -y nginx wrk), and starlette, uvicorn, aiohttp in this Python.
+Needs nginx and wrk (apt-get install -y nginx wrk), and aiohttp for the floor (pip install -e '.[bench]').
 Exits 0 when everything ran (whether or not a bar is met), 1 when something could not run.
 """
 
