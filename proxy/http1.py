@@ -35,9 +35,12 @@ MAX_HEADERS: Final = 128
 BUFFER_HIGH: Final = 256 * 1024
 """Body bytes kept unread before the connection stops reading: a stream's reader that is slower
 than its upstream (a slow client behind it) holds the upstream back through TCP, not our memory."""
-KEEPALIVE_S: Final = 15.0
-"""An idle connection is used again for this long; after it, it is closed rather than risk a server
-that has closed its end meanwhile (aiohttp's default)."""
+KEEPALIVE_S: Final = {"http": 4.0, "https": 15.0}
+"""How long an idle connection is used again, by scheme; after that it is closed rather than sent a
+request as its server closes its end (the request would fail, and cool a healthy connection). Local
+servers over plain HTTP close theirs after 5 s (uvicorn, so vLLM; llama.cpp's server; Node), and a
+new connection to one costs next to nothing. Cloud APIs over TLS keep theirs far longer, and a new
+one costs a TLS handshake: 15 s there (aiohttp's default)."""
 
 BUSY, IDLE, GONE = "busy", "idle", "gone"
 """A connection's state in its pool: serving a request (it counts against the pool's limit), kept
@@ -524,7 +527,7 @@ class Pool:
             if (
                 transport is not None
                 and not transport.is_closing()
-                and now - connection.idle_since < KEEPALIVE_S
+                and now - connection.idle_since < KEEPALIVE_S[origin.scheme]
             ):
                 connection.state = BUSY
                 return connection

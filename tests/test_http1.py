@@ -185,10 +185,25 @@ async def test_a_connection_idle_past_the_keep_alive_is_closed_not_reused(pool: 
         connection = response._connection
         response.release()
         assert connection is not None and connection.state == http1.IDLE
-        connection.idle_since -= http1.KEEPALIVE_S  # as if it had waited that long
+        connection.idle_since -= http1.KEEPALIVE_S["http"]  # as if it had waited that long
         await answered(pool, server.url())
         assert server.connections == 2
         assert connection.state == http1.GONE
+
+
+async def test_a_plain_http_connection_is_not_kept_past_a_local_servers_five_seconds(pool: Pool) -> None:
+    """uvicorn (vLLM), llama.cpp's server and Node close an idle connection after 5 s: one idle
+    for 4.5 s is not sent a request that would race its close (and fail, cooling the connection)."""
+    async with Server(always(OK)) as server:
+        response = await exchange(pool, server.url())
+        await read_all(response)
+        connection = response._connection
+        response.release()
+        assert connection is not None
+        connection.idle_since -= 4.5
+        assert await answered(pool, server.url()) == b"{}"
+        assert server.connections == 2
+    assert http1.KEEPALIVE_S["https"] > 5  # (a cloud API keeps its connections far longer)
 
 
 async def test_interim_answers_are_passed_over(pool: Pool) -> None:
