@@ -207,6 +207,11 @@ class Replica:
 
     # -- what tests ask ----------------------------------------------------------------------------
 
+    def logged(self, text: str, timeout: float = 2.0) -> None:
+        """Wait until `text` is in the replica's log: a line is written by its log thread, after
+        the request that logged it may have been answered."""
+        wait_for(lambda: text in self.log.read_text(), timeout, f"{text!r} in replica {self.name}'s log")
+
     def chat(self, model: str = "alpha/m1", **headers: str) -> httpx.Response:
         return self.client.post(
             "/v1/chat/completions",

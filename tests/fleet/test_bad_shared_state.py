@@ -172,7 +172,7 @@ def test_a_probe_lease_that_could_never_expire_is_taken_over(
     fake.default(Reply("json"))
     wait_for(lambda: a.breaker()["state"] == "HALF_OPEN", 3, "the reset timeout elapsed")
     wait_for(lambda: a.chat().status_code == 200, 3, "a probe is sent", step=0.1)
-    assert f"{lease} held a probe lease that could never expire; taken over" in a.log.read_text()
+    a.logged(f"{lease} held a probe lease that could never expire; taken over")
 
 
 def test_a_replica_key_that_never_expires_does_not_hold_the_fleet_to_its_old_config(
