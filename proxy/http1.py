@@ -134,7 +134,6 @@ class Response:
         "_error",
         "_head",
         "_size",
-        "_until_eof",
         "_waiter",
         "complete",
         "headers",
@@ -154,7 +153,6 @@ class Response:
         """The whole body has arrived (it may not all have been read yet)."""
         self._error: ConnectionBroken | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._until_eof = False
 
     def header(self, name: str) -> str | None:
         """The last value of header `name` (lower case), or None."""
@@ -298,8 +296,8 @@ class Connection(asyncio.Protocol):
         response = self.response
         if response is not None:
             self.response = None
-            if response._until_eof and not self._in_head and response._head.done():
-                response._ended(None)  # a body without a length ends with the connection
+            if not self._in_head and response._head.done() and _ends_with_connection(response):
+                response._ended(None)
             else:
                 response._ended(ConnectionBroken("upstream closed the connection"))
 
@@ -331,9 +329,6 @@ class Connection(asyncio.Protocol):
             return
         self._in_head = False
         response.status = status
-        if status not in (204, 304):
-            names = {name.lower() for name, _ in response.headers}
-            response._until_eof = "content-length" not in names and "transfer-encoding" not in names
         if not response._head.done():
             response._head.set_result(None)
 
@@ -348,12 +343,13 @@ class Connection(asyncio.Protocol):
         if self._in_head:  # the end of an interim answer
             self._head_bytes = 0
             return
-        # Not reusable while some of the request is still unsent (an upstream that answered early,
-        # a 413 say): the rest of it would reach the server as the start of the next request.
+        # (Never a body that ends with the connection: the parser completes that one only at an
+        # end of input, which it is never given; `connection_lost` does.) Not reusable while some
+        # of the request is still unsent (an upstream that answered early, a 413 say): the rest of
+        # it would reach the server as the start of the next request.
         transport = self.transport
         self.reusable = (
             self.parser.should_keep_alive()
-            and not response._until_eof
             and transport is not None
             and not transport.get_write_buffer_size()
         )
@@ -418,6 +414,15 @@ class Connection(asyncio.Protocol):
         self.abort()
         if response is not None:
             response._ended(ConnectionBroken(why))
+
+
+def _ends_with_connection(response: Response) -> bool:
+    """Is `response`'s body one that ends when the connection does (no length, not chunked)? Asked
+    only when a connection ends mid-answer: whether that answer is whole or broken."""
+    if response.status in (204, 304):
+        return False
+    names = {name.lower() for name, _ in response.headers}
+    return "content-length" not in names and "transfer-encoding" not in names
 
 
 class _Unexpected(Exception):
