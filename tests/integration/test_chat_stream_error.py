@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.scripted import Scripted, ScriptedUpstream
-from tests.integration.test_proxy import Proxy, provider, wait_until
+from tests.integration.test_proxy import Proxy, provider
 
 
 def chunk(data: dict[str, Any]) -> bytes:
@@ -41,10 +41,7 @@ def test_an_error_object_ending_a_chat_stream_is_a_failure_in_the_record_and_the
     answer = proxy.http.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200
     assert "the model crashed" in answer.text  # relayed as it came
-    wait_until(
-        lambda: proxy.http.get("/api/requests?state=alive").json()["requests"] == [], what="the record to end"
-    )
-    record = proxy.http.get("/api/requests").json()["requests"][-1]
+    record = proxy.last_record()
     assert (record["state"], record["code"], record["message"]) == (
         "failed",
         "server_error",
@@ -63,7 +60,4 @@ def test_a_chat_stream_whose_chunks_carry_a_null_error_is_a_success(
     up.script(Scripted([delta("whole"), chunk(last), b"data: [DONE]\n\n"]))
     body = {"model": "loc/m1", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     assert proxy.http.post("/v1/chat/completions", json=body).status_code == 200
-    wait_until(
-        lambda: proxy.http.get("/api/requests?state=alive").json()["requests"] == [], what="the record to end"
-    )
-    assert proxy.http.get("/api/requests").json()["requests"][-1]["state"] == "done"
+    assert proxy.last_record()["state"] == "done"

@@ -228,7 +228,7 @@ def test_a_stream_whose_connection_closes_inside_an_event_ends_as_broken_off(
     assert text.startswith(whole), text
     assert "stream_interrupted" in text[len(whole) :]
     assert cut[cut.rindex(b"\n\n") + 2 :].decode() not in text[len(whole) :]  # the half event is dropped
-    record = proxy.http.get("/api/requests").json()["requests"][-1]
+    record = proxy.last_record()
     assert (record["state"], record["code"]) == ("failed", "stream_interrupted"), record
     assert record["attempts"][0]["outcome"] != "ok"
     proxy.settled()
@@ -268,7 +268,7 @@ def test_a_messages_stream_whose_connection_closes_between_events_before_message
     text = response.text
     assert text.startswith(CUT_MESSAGES_BETWEEN_EVENTS.decode()), text
     assert "event: error" in text[len(CUT_MESSAGES_BETWEEN_EVENTS) :], text
-    record = proxy.http.get("/api/requests").json()["requests"][-1]
+    record = proxy.last_record()
     assert record["state"] == "failed", record
     assert record["attempts"][0]["outcome"] != "ok"
     proxy.settled()

@@ -146,6 +146,16 @@ class Proxy:
         items: list[dict[str, Any]] = response.json()["items"]
         return items
 
+    def last_record(self) -> dict[str, Any]:
+        """The newest request's record once every request has ended: a stream's client has its
+        last byte a moment before the proxy ends the stream's record."""
+        wait_until(
+            lambda: self.http.get("/api/requests?state=alive").json()["requests"] == [],
+            what="every request's record to end",
+        )
+        record: dict[str, Any] = self.http.get("/api/requests").json()["requests"][-1]
+        return record
+
     def settled(self) -> None:
         """Every request has ended and left nothing behind: in-flight counters, limiter and semaphore slots."""
         engine = self.rt.engine

@@ -20,16 +20,7 @@ from tests.fakes import Reply
 from tests.fakes.dialects import delta, first_content, head
 from tests.fakes.scripted import Scripted, ScriptedUpstream, sse
 from tests.integration.test_apis import USER, claude, codex, messages_stream_refused
-from tests.integration.test_proxy import Proxy, Upstream, wait_until
-
-
-def last_record(proxy: Proxy) -> dict[str, Any]:
-    wait_until(
-        lambda: proxy.http.get("/api/requests?state=alive").json()["requests"] == [],
-        what="the stream's record to end",
-    )
-    record: dict[str, Any] = proxy.http.get("/api/requests").json()["requests"][-1]
-    return record
+from tests.integration.test_proxy import Proxy, Upstream
 
 
 def test_a_messages_error_event_after_content_is_recorded_as_the_error_the_client_got(
@@ -41,7 +32,7 @@ def test_a_messages_error_event_after_content_is_recorded_as_the_error_the_clien
     told: Any = messages_stream_refused(proxy.url, "claude/sonnet").body
     assert told["error"] == {"type": "overloaded_error", "message": "claude-up: 529 Overloaded"}
 
-    record = last_record(proxy)
+    record = proxy.last_record()
     assert record["state"] == "failed"
     assert record["attempts"][0]["status"] == 529  # the layers got it right
     assert (record["code"], record["message"]) == ("overloaded_error", "claude-up: 529 Overloaded"), record
@@ -57,7 +48,7 @@ def test_a_responses_error_event_after_content_is_recorded_as_the_error_the_clie
     assert response.status_code == 200
     assert '"code": "rate_limit_exceeded"' in response.text  # the upstream's event, relayed
 
-    record = last_record(proxy)
+    record = proxy.last_record()
     assert record["state"] == "failed"
     assert record["attempts"][0]["status"] == 429
     assert (record["code"], record["message"]) == ("rate_limit_exceeded", "codex-up: 429"), record
@@ -81,6 +72,6 @@ def test_an_error_event_without_words_leaves_a_short_message_in_the_record(
     )
     body = {"model": "claude/m", "max_tokens": 16, "stream": True, "messages": USER}
     assert proxy.http.post("/v1/messages", json=body).status_code == 200
-    record = last_record(proxy)
+    record = proxy.last_record()
     assert record["code"] == "overloaded_error"
     assert record["message"] is not None and len(record["message"]) <= 200, len(record["message"] or "")

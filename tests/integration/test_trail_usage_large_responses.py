@@ -21,7 +21,7 @@ import openai
 from tests.fakes.dialects import delta, first_content, head
 from tests.fakes.scripted import Scripted, ScriptedUpstream, sse
 from tests.integration.test_apis import codex
-from tests.integration.test_proxy import Proxy, wait_until
+from tests.integration.test_proxy import Proxy
 
 RESPONSES = "/responses"
 USAGE = {"input_tokens": 1100, "output_tokens": 90_000, "total_tokens": 91_100}
@@ -76,10 +76,6 @@ def test_the_usage_of_a_large_response_completed_event_reaches_the_record(
     assert final.type == "response.completed"
     assert final.response.usage.output_tokens == 90_000  # what the client was told
 
-    wait_until(
-        lambda: proxy.http.get("/api/requests?state=alive").json()["requests"] == [],
-        what="the stream's record to end",
-    )
-    record = proxy.http.get("/api/requests").json()["requests"][-1]
+    record = proxy.last_record()
     assert record["state"] == "done", record
     assert record["usage"] == {"promptTokens": 1100, "completionTokens": 90_000, "totalTokens": 91_100}
