@@ -12,12 +12,18 @@ from tests.cli.conftest import Instance, run
 from tests.fakes import FakeUpstream, Reply, serve
 from tests.instances import OMNIROUTE, environment, free_port
 from tests.instances import wait_until_serving as serving_on
+from tests.integration.test_proxy import wait_until
 
 CHAT = "/v1/chat/completions"
 
 
 def chat(url: str, model: str, **extra: object) -> httpx.Response:
     return httpx.post(url + CHAT, json={"model": model, "messages": [], **extra}, timeout=10)
+
+
+def alive(url: str) -> list[object]:
+    found: list[object] = httpx.get(url + "/api/requests?state=alive", timeout=10).json()["requests"]
+    return found
 
 
 def test_requests_json_is_the_records_oldest_first_and_limit_keeps_the_newest(proxy: Instance) -> None:
@@ -105,6 +111,8 @@ def test_against_a_real_serve_the_trail_shows_the_fallback(tmp_path: Path) -> No
             fake.default(Reply("stream", chunks=3))
             second = chat(url, "both", stream=True, stream_options={"include_usage": True})
             assert second.status_code == 200
+            # (the client has a stream's last byte a moment before its record ends)
+            wait_until(lambda: not alive(url), what="the stream's record to end")
             records = run("requests", "--json", "--url", url).json()
             assert [r["id"] for r in records] == [
                 first.headers["x-request-id"],
