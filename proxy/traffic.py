@@ -227,12 +227,16 @@ class TrafficStats:
         usage: Usage | None,
         generation_ms: float | None,
     ) -> None:
-        series = self.connections.get(connection)
-        if series is None:
+        # (Subscripts, not `.get`: a method call costs more than the rare KeyError's handler.)
+        try:
+            series = self.connections[connection]
+        except KeyError:
             return
-        statuses = series.statuses
         code = status or 0
-        statuses[code] = statuses.get(code, 0) + 1
+        try:
+            series.statuses[code] += 1
+        except KeyError:
+            series.statuses[code] = 1
         bucket = int(now // _BUCKET)
         if bucket != series.last:
             series.advance(bucket)

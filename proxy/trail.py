@@ -61,6 +61,8 @@ over seven runs, 0.905 before; docs/performance.md), and the ring's packed recor
 together (`finished`). A read of either takes the rest first, so no reader sees them behind."""
 _STATUS = OutcomeKind.STATUS
 """(Read once: an Enum member read through its class costs a metaclass lookup in Python 3.11.)"""
+_SUCCESS = frozenset(range(200, 300))
+"""2xx: one set lookup where `200 <= status < 300` is five steps and a check for None."""
 
 
 def span(ms: float) -> str:
@@ -121,6 +123,7 @@ class RequestRecord:
         self.started_at = started_at
         self.client = client
         self.endpoint = endpoint
+        self.code = self.message = self.ttft_ms = self.skipped = self.waits = None
         self.attempts: list[AttemptRow] = []
         """Plain tuples on the request path (a frozen view costs a setattr per field): the views
         are built when someone reads."""
@@ -443,44 +446,20 @@ class Trail:
     ) -> None:
         """One attempt recorded by the engine; `committed`: its stream had reached the client
         (it can no longer fall back); `now`: when it ended (the clock's reading unless given)."""
-        kind = outcome.kind
-        result: AttemptOutcome
-        answered = outcome.status
-        if (
-            status is not None
-            and 200 <= status < 300
-            # `outcome.is_success`, inline (a property is a call): the common case first
-            and kind is _STATUS
-            and answered is not None
-            and 200 <= answered < 300
-        ):
-            result, reason = "ok", "ok"
-        elif kind is OutcomeKind.CLIENT_DISCONNECT:
-            result, reason = "disconnect", "the client went away"
-        elif kind is OutcomeKind.LOCAL_REJECTION:
-            result, reason = "local", _short(outcome.error, REASON_LIMIT)
-        elif outcome.is_success:
-            result, reason = "ok", "ok"
-        else:
-            result = "fallback" if verdict.fallback and not committed else "returned"
-            # An error's words may quote the key the attempt was sent with: scrubbed like the engine's.
-            reason = _short(
-                f"{status} {verdict.reason}"
-                if status is not None
-                else self.engine.scrubber(outcome.error) or verdict.reason,
-                REASON_LIMIT,
-            )
-        pid = attempt.provider.spec.id
-        if result == "fallback":
-            self.fallbacks[pid] = self.fallbacks.get(pid, 0) + 1
-        started = attempt.started_at
         if now is None:
             now = self.clock.now()
         record.current = None
+        started = attempt.started_at
+        result: AttemptOutcome
+        # `outcome.is_success` inline (a property is a call), and the client got a 2xx: the common case
+        if status in _SUCCESS and outcome.kind is _STATUS and outcome.status in _SUCCESS:
+            result = reason = "ok"
+        else:
+            result, reason = self._failed_attempt(attempt, outcome, verdict, status, committed)
         record.attempts.append(
             (
                 attempt.target.name,
-                pid,
+                attempt.provider.spec.id,
                 attempt.connection.id,
                 started,
                 now - started,
@@ -489,6 +468,30 @@ class Trail:
                 reason,
             )
         )
+
+    def _failed_attempt(
+        self, attempt: Attempt, outcome: Outcome, verdict: Verdict, status: int | None, committed: bool
+    ) -> tuple[AttemptOutcome, str]:
+        """An attempt that did not end in a 2xx the client got: its outcome and reason in words."""
+        kind = outcome.kind
+        if kind is OutcomeKind.CLIENT_DISCONNECT:
+            return "disconnect", "the client went away"
+        if kind is OutcomeKind.LOCAL_REJECTION:
+            return "local", _short(outcome.error, REASON_LIMIT)
+        if outcome.is_success:
+            return "ok", "ok"
+        result: AttemptOutcome = "fallback" if verdict.fallback and not committed else "returned"
+        if result == "fallback":
+            pid = attempt.provider.spec.id
+            self.fallbacks[pid] = self.fallbacks.get(pid, 0) + 1
+        # An error's words may quote the key the attempt was sent with: scrubbed like the engine's.
+        reason = _short(
+            f"{status} {verdict.reason}"
+            if status is not None
+            else self.engine.scrubber(outcome.error) or verdict.reason,
+            REASON_LIMIT,
+        )
+        return result, reason
 
     def passed_over(
         self, record: RequestRecord, chosen: Attempt, targets: Sequence[Target], tried: Iterable[str]
@@ -788,13 +791,12 @@ def usage_of(answer: object) -> Usage | None:
     chunk), if it has one with numbers."""
     if type(answer) is not dict:
         return None
-    usage = answer.get("usage")
-    if type(usage) is dict:  # a chat completion's three counts: the common case, checked inline
-        prompt, completion, total = (
-            usage.get("prompt_tokens"),
-            usage.get("completion_tokens"),
-            usage.get("total_tokens"),
-        )
+    try:  # a chat completion's three counts: the common case, checked inline (subscripts: no calls)
+        usage = answer["usage"]
+        prompt, completion, total = usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]
+    except (KeyError, TypeError):  # (TypeError: a `usage` that is a list or a string)
+        usage = answer.get("usage")
+    else:
         if (
             type(prompt) is int
             and type(completion) is int
@@ -804,7 +806,7 @@ def usage_of(answer: object) -> Usage | None:
             and 0 <= total <= TOKENS_MAX
         ):
             return (prompt, completion, total)
-    else:
+    if type(usage) is not dict:
         inner = answer.get("response")  # the Responses API's `response.completed` event
         usage = inner.get("usage") if type(inner) is dict else None
         if type(usage) is not dict:

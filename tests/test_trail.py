@@ -230,6 +230,76 @@ def test_usage_of_an_answer_and_of_a_streams_tail() -> None:
     assert stream_usage(b'a tool\'s "usage" text, "usage": 5') is None
 
 
+def _usage_by_the_rules(answer: object) -> Usage | None:
+    """What `usage_of` reads, spelt out with no fast path: its fast path must agree."""
+    if not isinstance(answer, dict):
+        return None
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        inner = answer.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return None
+
+    def said(key: str) -> int | None:
+        value = usage.get(key)
+        return value if type(value) is int and 0 <= value <= TOKENS_MAX else None
+
+    if "prompt_tokens" in usage:
+        prompt = said("prompt_tokens")
+    else:
+        prompt = said("input_tokens")
+        if prompt is not None:
+            prompt += (said("cache_creation_input_tokens") or 0) + (said("cache_read_input_tokens") or 0)
+    completion = said("completion_tokens") if "completion_tokens" in usage else said("output_tokens")
+    total = said("total_tokens")
+    if total is None and prompt is not None and completion is not None:
+        total = prompt + completion
+    return None if prompt is None and completion is None and total is None else (prompt, completion, total)
+
+
+_COUNT = st.one_of(
+    st.integers(-3, 10**6),
+    st.just(TOKENS_MAX + 1),
+    st.booleans(),
+    st.floats(0, 10, allow_nan=False),
+    st.text(max_size=2),
+    st.none(),
+)
+_USAGE_KEYS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+_USAGE = st.one_of(
+    st.dictionaries(st.sampled_from(_USAGE_KEYS), _COUNT),
+    st.fixed_dictionaries({k: _COUNT for k in _USAGE_KEYS[:3]}),  # the chat completion's three
+    st.lists(st.integers(), max_size=2),
+    st.text(max_size=3),
+    st.integers(),
+    st.none(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    answer=st.one_of(
+        st.fixed_dictionaries({"usage": _USAGE}),
+        st.fixed_dictionaries({"response": st.fixed_dictionaries({"usage": _USAGE})}),
+        st.fixed_dictionaries({"usage": st.none(), "response": st.fixed_dictionaries({"usage": _USAGE})}),
+        st.lists(st.integers(), max_size=2),
+        st.text(max_size=3),
+        st.none(),
+    )
+)
+def test_usage_of_reads_any_answer_as_the_rules_say(answer: object) -> None:
+    assert usage_of(answer) == _usage_by_the_rules(answer)
+
+
 def test_a_messages_prompt_counts_what_its_cache_wrote_and_read() -> None:
     """Anthropic's `input_tokens` leaves out the prompt's cached part, which for a coding agent is
     nearly all of it: the prompt is the three counts (OpenAI's `prompt_tokens` already holds its
