@@ -365,7 +365,7 @@ class Feed:
         if tab == "overview":
             longest = lockouts.longest(snap.OVERVIEW_ROWS)
             breakers = read.breakers(now)
-            minute = read.stats("1m", now).providers if read.recording else {}
+            minute = read.provider_stats("1m", now) if read.recording else {}
             latencies = {
                 b.provider: (
                     read.latency_series(b.provider, now, snap.TILE_SPARK),
@@ -390,7 +390,10 @@ class Feed:
         table: TableSnapshot
         if tab == "requests":
             return self._requests_table(view, selected, now)
-        stats: StatsReport | None = read.stats(DEFAULT_WINDOW, now) if read.recording else None
+        # (The statistics only for the tabs that show them: a report reads every busy connection.)
+        stats: StatsReport | None = (
+            read.stats(DEFAULT_WINDOW, now) if read.recording and tab in ("breakers", "connections") else None
+        )
         if tab == "breakers":
             breakers = read.breakers(now)
             picked = next((b for b in breakers if b.provider == selected), None)

@@ -465,6 +465,9 @@ class Mirror:
         empty = StatsView(0, 0, None, None, None, None, None)
         return StatsReport(window, {p: empty for p in self._breakers}, {c: empty for c in self._connections})
 
+    def provider_stats(self, window: str, now: float) -> dict[str, StatsView]:
+        return dict(self.stats(window, now).providers)
+
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
         """Not sent to an attached console: its tiles show no sparkline."""
         return [None] * buckets

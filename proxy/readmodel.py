@@ -267,6 +267,7 @@ class Observed(Protocol):
     def finished_requests(self, mark: int, limit: int | None = None) -> tuple[list[RequestView], int]: ...
     def alive_changed(self, known: dict[str, str]) -> tuple[list[RequestView], dict[str, str]]: ...
     def stats(self, window: str, now: float) -> StatsReport: ...
+    def provider_stats(self, window: str, now: float) -> dict[str, StatsView]: ...
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]: ...
     # the state backend and the fleet (docs/fleet.md)
     def state_backend(self) -> dict[str, object]: ...
@@ -716,6 +717,12 @@ class ReadModel:
                 {c: empty for c in self._engine.connections},
             )
         return self._trail.stats.report(window, now)
+
+    def provider_stats(self, window: str, now: float) -> dict[str, StatsView]:
+        """`stats(window, now).providers`, without a view of every connection (the Overview's)."""
+        if self._trail is None:
+            return {p: StatsView(0, 0, None, None, None, None, None) for p in self._engine.providers}
+        return self._trail.stats.providers(window, now)
 
     def latency_series(self, provider: str, now: float, buckets: int) -> list[float | None]:
         """The provider's p50 latency per statistics bucket, oldest first (for a sparkline)."""

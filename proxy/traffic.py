@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
+from operator import add, sub
 
 from proxy.readmodel import WINDOWS, StatsReport, StatsView
 
@@ -125,9 +127,7 @@ class _Series:
                     gone = b - spans
                     slot = gone % SLOTS
                     if bucket_of[slot] == gone:
-                        old = buckets[slot]
-                        for i in range(_WIDTH):
-                            totals[i] -= old[i]
+                        totals[:_WIDTH] = map(sub, islice(totals, _WIDTH), buckets[slot])
         # Slots skipped over hold stale buckets: their numbers tell, and they are reset when their
         # number comes round.
         slot = bucket % SLOTS
@@ -143,7 +143,7 @@ class _Series:
         self.advance(bucket)
         closed, current = self.windows[w], self.current
         now_too = self.last == bucket  # (else a bucket before the last one: nothing of now to add)
-        row = [a + b for a, b in zip(closed, current, strict=True)] if now_too else closed[:]
+        row = list(map(add, closed, current)) if now_too else closed[:]
         row[LAT_MIN:] = self._closed_extremes(w)
         if now_too:
             _extend(row, current)
@@ -179,8 +179,9 @@ class _Series:
 
 
 def _add(into: list[float], row: list[float]) -> None:
-    for i in range(_WIDTH):
-        into[i] += row[i]
+    # (map: the loop in C. A provider's figures add up its connections' rows at every read, and a
+    # row is 67 numbers: the console's Overview read 200 connections' in 4 ms, a Python loop each.)
+    into[:_WIDTH] = map(add, islice(into, _WIDTH), row)
 
 
 def _extend(into: list[float], row: Sequence[float]) -> None:
@@ -214,6 +215,9 @@ class TrafficStats:
         self.members = {p: [self.connections[c] for c in ids] for p, ids in members.items()}
         self.unrouted: dict[int, int] = {}
         """Finished requests that reached no upstream, per status."""
+        self._p50s: dict[str, dict[int, float | None]] = {}
+        """Per provider, the p50 of each closed bucket a sparkline has shown: the console reads
+        every provider's sparkline every second, and only the open bucket's can have moved."""
 
     def add(
         self,
@@ -275,12 +279,19 @@ class TrafficStats:
         rows = self._served(_WINDOW_INDEX[window], int(now // BUCKET_MS))
         return StatsReport(
             window,
-            {
-                p: _stats(_summed(row for c in ids if (row := rows.get(c)) is not None))
-                for p, ids in self.ids.items()
-            },
+            self._providers(rows),
             {c: _stats(rows[c]) if c in rows else _IDLE for c in self.connections},
         )
+
+    def providers(self, window: str, now: float) -> dict[str, StatsView]:
+        """`report(window, now).providers`, without a view of every connection."""
+        return self._providers(self._served(_WINDOW_INDEX[window], int(now // BUCKET_MS)))
+
+    def _providers(self, rows: dict[str, list[float]]) -> dict[str, StatsView]:
+        return {
+            p: _stats(_summed(row for c in ids if (row := rows.get(c)) is not None))
+            for p, ids in self.ids.items()
+        }
 
     def rows(self, now: float) -> dict[str, dict[str, list[float]]]:
         """Every window's raw totals per connection as of `now` (window name -> connection -> row),
@@ -319,15 +330,24 @@ class TrafficStats:
             return []
         current = int(now // BUCKET_MS)
         for s in series:
-            s.advance(current)
+            s.advance(current)  # every bucket before `current` is closed now: it cannot change
+        known = self._p50s.setdefault(provider, {})
         out: list[float | None] = []
         for b in range(current - min(buckets, SLOTS) + 1, current + 1):
+            if b in known:
+                out.append(known[b])
+                continue
             rows = [row for s in series if (row := s.bucket(b)) is not None]
-            if not rows:
-                out.append(None)
-            else:
+            p50 = None
+            if rows:
                 row = _summed(rows)
-                out.append(_quantile(row, LAT, count(row, LAT), 0.5))
+                p50 = _quantile(row, LAT, count(row, LAT), 0.5)
+            if b < current:
+                known[b] = p50
+            out.append(p50)
+        if len(known) > SLOTS:
+            for b in [b for b in known if b <= current - SLOTS]:
+                del known[b]
         return out
 
 

@@ -196,6 +196,42 @@ def test_the_sparkline_series_is_one_p50_per_bucket() -> None:
     assert series[1] is not None and series[3] is not None and series[1] < series[3]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(
+                (0.0, 300.0, BUCKET_MS / 2, BUCKET_MS, 3 * BUCKET_MS, 40 * BUCKET_MS)
+            ),  # the pause
+            st.sampled_from(("a", "b", "read")),
+            st.floats(0.5, 5_000),
+        ),
+        max_size=40,
+    )
+)
+def test_a_sparkline_read_again_and_again_is_what_one_read_of_the_same_requests_gives(
+    steps: list[tuple[float, str, float]],
+) -> None:
+    """The console reads each provider's sparkline every second: the p50 of a closed bucket is
+    kept from one read to the next, and must be what a first read of the same requests says."""
+    members = {"p": ["a", "b"]}
+    read_often = TrafficStats(members)
+    added: list[tuple[str, float, float]] = []
+    now = T0
+    for pause, what, ms in steps:
+        now += pause
+        if what != "read":
+            read_often.add("p", what, now, ms, False, 200, None, None, None)
+            added.append((what, now, ms))
+            continue
+        read_once = TrafficStats(members)
+        for connection, at, took in added:
+            read_once.add("p", connection, at, took, False, 200, None, None, None)
+        assert read_often.p50_series("p", now, 12) == read_once.p50_series("p", now, 12)
+        for window in WINDOWS:  # the Overview's provider figures are the report's
+            assert read_often.providers(window, now) == read_once.report(window, now).providers
+
+
 @pytest.mark.parametrize(
     ("ms", "words"),
     [(0, "0 ms"), (850, "850 ms"), (12_000, "12 s"), (112_000, "1m52s"), (7_500_000, "2h05m")],
