@@ -59,6 +59,11 @@ def _blank() -> list[float]:
     return list(_BLANK)
 
 
+def _served_any(row: list[float]) -> bool:
+    """Whether a request went into a bucket's row (each one narrows its fastest latency)."""
+    return row[LAT_MIN] != _NONE
+
+
 def count(row: list[float], start: int) -> float:
     """How many the histogram at row[start:start+_BINS] holds (LAT: requests; TTFT: streams)."""
     return sum(row[start : start + _BINS])
@@ -109,7 +114,9 @@ class _Series:
         if bucket <= last:
             return
         buckets, bucket_of, windows = self.buckets, self.bucket_of, self.windows
-        if last >= 0:
+        # (A row no request went into adds nothing, and is passed over: a read opens the current
+        # bucket of every connection it looks at, and most connections of a large config are idle.)
+        if last >= 0 and _served_any(self.current):
             _add(self.total, self.current)  # bucket `last` closes
         if last < 0 or bucket - last > SLOTS:
             for row in windows:
@@ -119,15 +126,14 @@ class _Series:
             for b in range(last + 1, bucket + 1):
                 closed = b - 1
                 slot = closed % SLOTS
-                if bucket_of[slot] == closed:
-                    new = buckets[slot]
+                if bucket_of[slot] == closed and _served_any(new := buckets[slot]):
                     for totals in windows:
                         _add(totals, new)
                 for spans, totals in zip(_SPANS, windows, strict=True):
                     gone = b - spans
                     slot = gone % SLOTS
-                    if bucket_of[slot] == gone:
-                        totals[:_WIDTH] = map(sub, islice(totals, _WIDTH), buckets[slot])
+                    if bucket_of[slot] == gone and _served_any(old := buckets[slot]):
+                        totals[:_WIDTH] = map(sub, islice(totals, _WIDTH), old)
         # Slots skipped over hold stale buckets: their numbers tell, and they are reset when their
         # number comes round.
         slot = bucket % SLOTS
@@ -337,7 +343,7 @@ class TrafficStats:
             if b in known:
                 out.append(known[b])
                 continue
-            rows = [row for s in series if (row := s.bucket(b)) is not None]
+            rows = [row for s in series if (row := s.bucket(b)) is not None and _served_any(row)]
             p50 = None
             if rows:
                 row = _summed(rows)
