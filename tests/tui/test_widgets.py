@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
+from textual.strip import Strip
 
 from omniroute_tui.snapshot import Tile
 from omniroute_tui.widgets.header import BARS, sparkline
@@ -197,6 +198,35 @@ async def test_breaker_tiles_that_grow_wrap_onto_a_row_the_bar_grows_for() -> No
         bar.show_tiles(tuple(_tile(n) for n in names), relayout=False)  # the traffic stopped
         await settle(pilot)
         assert bar.size.height == 3
+
+
+async def test_a_tile_that_changes_repaints_its_own_row_of_tiles_not_the_bar() -> None:
+    """Under traffic one provider's latency moves every second: the console repaints on the loop
+    the proxy serves from, so only that tile's row of the bar is drawn again."""
+    names = [f"provider-{n:02d}" for n in range(12)]
+    app = _Tiles()
+    async with app.run_test(size=(80, 24)) as pilot:
+        bar = app.query_one(TileBar)
+        bar.show_tiles(tuple(_tile(n, "▁▂ 70 ms") for n in names), relayout=True)
+        await settle(pilot)
+        assert bar.size.height > 6  # more than two rows of tiles
+        drawn: list[int] = []
+        render_line = bar.render_line
+
+        def spy(y: int) -> Strip:
+            drawn.append(y)
+            return render_line(y)
+
+        bar.render_line = spy  # type: ignore[method-assign]
+        row = next(y // 3 for y in range(bar.size.height) if names[-1] in bar.render_line(y).text)
+        assert row > 0
+        drawn.clear()
+        bar.show_tiles(
+            (*(_tile(n, "▁▂ 70 ms") for n in names[:-1]), _tile(names[-1], "▂▁ 71 ms")), relayout=False
+        )
+        await settle(pilot)
+        assert sorted(set(drawn)) == [3 * row, 3 * row + 1, 3 * row + 2]
+        assert "71 ms" in bar.render_line(3 * row + 2).text
 
 
 @pytest.mark.parametrize("width", [80, 100])
