@@ -183,11 +183,16 @@ class ResourceTable(ScrollView, can_focus=True):
         measured = self._measured
         found = [cell_len(c.label) for c in self._columns]
         found[sorted_by] += 2  # " ▲"
+        cells: list[tuple[int, ...]] = []
         for row in rows:
             cached = measured.get(row.key)
             if cached is None or cached[0] is not row:
                 cached = measured[row.key] = (row, tuple(cell_len(text) for text in row.cells))
-            found = [max(a, b) for a, b in zip(found, cached[1], strict=False)]
+            cells.append(cached[1])
+        # Each column's widest, in C (`map` takes one iterable per row): a table of 10,000 lockouts
+        # is fitted again every second its countdowns move, on the loop the proxy serves from.
+        if cells:  # (`max` of one number alone would take it for a sequence)
+            found = list(map(max, found, *cells))
         widths = [
             (max(column.width, n) if column.width is not None else min(n, column.cap)) + 2 * PADDING
             for column, n in zip(self._columns, found, strict=True)
