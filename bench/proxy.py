@@ -657,10 +657,12 @@ def recording_pairs(
             sides.reverse()
         targets: dict[str, Target] = {}
         try:
-            for name, port, history in sides:
+            # (`kept`, not `history`: rebinding that name here made every pair after the second
+            # two recording instances, an A/A folded into the figure.)
+            for name, port, kept in sides:
                 config = omni_config().replace(f"port = {OMNI_PORT}\n", f"port = {port}\n")
-                if history is not None:
-                    config = config.replace("[server]\n", f"[server]\nrequest_history = {history}\n")
+                if kept is not None:
+                    config = config.replace("[server]\n", f"[server]\nrequest_history = {kept}\n")
                 path = tmp / f"{name.replace(' ', '-')}-{n}.toml"
                 path.write_text(config)
                 path.chmod(0o600)
@@ -702,9 +704,10 @@ def recording_section(report: Report, measured: RecordingPairs, control: Recordi
         if pairs is None or not any(pairs.rps):
             continue
         each = " ".join(f"{statistics.median(p):.3f}" for p in pairs.rps if p)
+        each_cpu = " ".join(f"x{statistics.median(p):.3f}" for p in pairs.cpu if p)
         report.line(
             f"  {label:<16} throughput {pairs.pooled():.3f} (pairs {each}), "
-            f"CPU per request x{pairs.pooled('cpu'):.3f}"
+            f"CPU per request x{pairs.pooled('cpu'):.3f} (pairs {each_cpu})"
         )
     name, bar = f"recording on vs off, {c} conns", f">= {BAR_RECORDING:.2f}"
     if not any(measured.rps):
