@@ -18,8 +18,10 @@
 (d) Attached observers: the headless proxy's p99 with one console attached over the live stream
     (`omniroute tui --url`, its own process, on CPU 1) and with ten `--follow` clients of which one
     never reads (9 `omniroute events -f` processes and a socket that is never read), against the
-    headless proxy alone. Bars: <= 1.05x and <= 1.10x. The attached console toggles a connection
-    once a second (so the stream carries events and rows) and reports how long each change took
+    same instance with nothing attached (*alone*). Each round serves every observer mode from one
+    headless instance, the observers attached and detached in turn (rotated), so that what differs
+    between turns is the observers, not the instance. Bars: <= 1.05x and <= 1.10x. The attached
+    console toggles a connection once a second (so the stream carries events and rows) and reports how long each change took
     to reach its mirror; bar: <= 0.5 s. Its p99 is compared with the headless proxy's under the
     same toggles, sent by a plain API client (*toggled*): an operator changes things with or
     without a console, and the ratio is to say what attaching one costs. Each round also runs
@@ -71,10 +73,11 @@ BARS = {
     "followers": 1.10,
     "change_s": 0.5,
 }
-OBSERVED = ("toggled", "again", "control", "attached", "followers")
-"""Modes that run the headless proxy with observers attached from other processes. *again* is the
-toggled baseline run a second time in each round (an A/A): the spread of its ratio to the first is
-the benchmark's own, which a bar on the attached console's ratio cannot be finer than."""
+OBSERVED = ("alone", "toggled", "again", "control", "attached", "followers")
+"""Turns of one headless instance per round (`observed_round`), with observers attached from other
+processes or, *alone*, none (the followers' baseline). *again* is the toggled baseline run a second
+time in each round (an A/A): the spread of its ratio to the first is the benchmark's own, which a
+bar on the attached console's ratio cannot be finer than."""
 FOLLOWERS = 10
 CONTROL_RATE = 100
 CONTROL_SLICE_MS = 0.1
@@ -657,10 +660,12 @@ async def observe(url: str, tab: str) -> None:
         )
 
 
-def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dict[str, Any]:
+def start_served(
+    served: str, tab: str, upstream: int, tmp: Path
+) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """A serving child of this script on CPU 0 (`--serve`), its port and its log, once it listens."""
     port = free_port()
-    log = tmp / f"{mode}-{tab}-{port}.log"
-    served = "headless-frozen" if mode in OBSERVED else mode
+    log = tmp / f"{served}-{tab}-{port}.log"
     with open(log, "wb") as out:
         child = subprocess.Popen(
             pinned(
@@ -682,12 +687,29 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+    if not wait_port(port):
+        stop_served(child)
+        raise RuntimeError(f"{served} did not start: {log.read_text()[-500:]}")
+    return child, port, log
+
+
+def stop_served(child: subprocess.Popen[bytes]) -> None:
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+
+
+def measured_turn(
+    mode: str, child: subprocess.Popen[bytes], port: int, seconds: int, tmp: Path
+) -> dict[str, Any]:
+    """One measured wrk run against `child`, with `mode`'s observers attached for it (and stopped
+    after): a warm-up, then `seconds` of wrk, and the proxy's CPU per request over them."""
     observers: list[subprocess.Popen[bytes]] = []
     sockets: list[socket.socket] = []
     try:
-        if not wait_port(port):
-            raise RuntimeError(f"{mode} did not start: {log.read_text()[-500:]}")
-        if mode in OBSERVED:
+        if mode in OBSERVED and mode != "alone":
             observers, sockets = start_observers(mode, port, tmp)
         wrk(port, 3)  # warm-up: connections, the upstream client pool, the console's first draws
         child.send_signal(signal.SIGUSR1)
@@ -707,25 +729,47 @@ def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dic
                 observer.kill()
         for sock in sockets:
             sock.close()
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
+    observed = tmp / f"observer-{port}.log"
+    if mode == "attached":
+        found = re.search(r"CHANGES (.*)", observed.read_text())
+        if found is None:
+            raise RuntimeError(f"the attached console reported nothing: {observed.read_text()[-500:]}")
+        result.update({"change_" + k: float(v) for k, v in (kv.split("=") for kv in found.group(1).split())})
+        observed.unlink()  # (the next round's attached turn writes its own)
+    if result.get("errors") or result.get("non2xx"):
+        print(f"  note: {mode} had {result['errors']:.0f} socket errors, {result['non2xx']:.0f} non-2xx")
+    return result
+
+
+def run_mode(mode: str, tab: str, upstream: int, seconds: int, tmp: Path) -> dict[str, Any]:
+    """(a): `mode` served by a fresh child of its own, measured once, with the loop stalls (and the
+    console's ticks) it saw."""
+    child, port, log = start_served(mode, tab, upstream, tmp)
+    try:
+        result = measured_turn(mode, child, port, seconds, tmp)
+    finally:
+        stop_served(child)
     for name in ("TICKS", "STALLS"):
         found = re.search(name + r" (.*)", log.read_text())
         if found:
             prefix = "tick_" if name == "TICKS" else ""
             result.update({prefix + k: float(v) for k, v in (kv.split("=") for kv in found.group(1).split())})
-    observed = tmp / f"observer-{port}.log"
-    if observed.exists():
-        found = re.search(r"CHANGES (.*)", observed.read_text())
-        if found is None:
-            raise RuntimeError(f"the attached console reported nothing: {observed.read_text()[-500:]}")
-        result.update({"change_" + k: float(v) for k, v in (kv.split("=") for kv in found.group(1).split())})
-    if result.get("errors") or result.get("non2xx"):
-        print(f"  note: {mode} had {result['errors']:.0f} socket errors, {result['non2xx']:.0f} non-2xx")
     return result
+
+
+def observed_round(
+    modes: list[str], upstream: int, seconds: int, tmp: Path
+) -> list[tuple[str, dict[str, Any]]]:
+    """(d): the observer modes of one round, in turn, against **one** headless instance: each turn
+    attaches its observers, measures, and detaches them. Two instances of the same program differ
+    from each other by up to a tenth in p99 for as long as they live (the A/A said so when each mode
+    had an instance of its own), which is twice the attached console's bar; on one instance the
+    observers are all that differs between turns."""
+    child, port, _ = start_served("headless-frozen", "-", upstream, tmp)
+    try:
+        return [(mode, measured_turn(mode, child, port, seconds, tmp)) for mode in modes]
+    finally:
+        stop_served(child)
 
 
 def latency_bench(
@@ -748,28 +792,34 @@ def latency_bench(
         try:
             if not wait_port(upstream, 10):
                 raise RuntimeError("nginx did not start")
-            modes = [
+            modes: list[tuple[str, str]] = [
                 *([("headless", "-")] if unfrozen else []),
                 ("headless-frozen", "-"),
                 *(("console", t) for t in tabs),
-                *((m, "-") for m in observed),
+                *([("observed", "-")] if observed else []),
             ]
+            watched = ["alone", *observed] if observed else []
             for r in range(rounds):
                 # Many short rounds, each in a rotated order: the machine's own drift (other
                 # tenants, CPU frequency) moves p99 by more than the console does, and must fall
                 # on every mode alike.
                 for mode, tab in modes[r % len(modes) :] + modes[: r % len(modes)]:
-                    key = f"console ({tab} tab)" if mode == "console" else mode
-                    result = run_mode(mode, tab, upstream, seconds, tmp)
-                    runs.setdefault(key, []).append(result)
-                    print(
-                        f"  round {r + 1} {key:<26} p99 {result['p99_ms']:7.2f} ms  p50 {result['p50_ms']:6.2f} ms"
-                        f"  cpu {result['cpu_us']:4.0f} us/req"
-                        f"  {result['rps']:6.0f} req/s  rss {result['rss_mb']:5.1f} MB  loop stalls: max "
-                        f"{result.get('lag_max_ms', float('nan')):5.1f} ms, full GCs "
-                        f"{result.get('full_gcs', float('nan')):.0f} (max {result.get('gc_max_ms', float('nan')):.1f} ms)",
-                        flush=True,
-                    )
+                    if mode == "observed":
+                        turns = watched[r % len(watched) :] + watched[: r % len(watched)]
+                        done = observed_round(turns, upstream, seconds, tmp)
+                    else:
+                        key = f"console ({tab} tab)" if mode == "console" else mode
+                        done = [(key, run_mode(mode, tab, upstream, seconds, tmp))]
+                    for key, result in done:
+                        runs.setdefault(key, []).append(result)
+                        print(
+                            f"  round {r + 1} {key:<26} p99 {result['p99_ms']:7.2f} ms  p50 {result['p50_ms']:6.2f} ms"
+                            f"  cpu {result['cpu_us']:4.0f} us/req"
+                            f"  {result['rps']:6.0f} req/s  rss {result['rss_mb']:5.1f} MB  loop stalls: max "
+                            f"{result.get('lag_max_ms', float('nan')):5.1f} ms, full GCs "
+                            f"{result.get('full_gcs', float('nan')):.0f} (max {result.get('gc_max_ms', float('nan')):.1f} ms)",
+                            flush=True,
+                        )
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(nginx.pid, signal.SIGTERM)
@@ -923,7 +973,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"(bar <= {bar}x): {verdict(ratio <= bar)}; live tick median {ticks:.1f} ms"
             )
     for key in OBSERVED:
-        if key not in runs or key == "toggled":
+        if key not in runs or key in ("alone", "toggled"):
             continue
         p99s = [r["p99_ms"] for r in runs[key]]
         p99 = statistics.median(p99s)
@@ -935,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"median {statistics.median(toggled):.2f} ms ({min(toggled):.2f}-{max(toggled):.2f})"
             )
         else:
-            baseline, against = runs["headless-frozen"], "headless"
+            baseline, against = runs["alone"], "the same instance with nothing attached"
         base = statistics.median(r["p99_ms"] for r in baseline)
         ratio = paired(runs[key], baseline)
         what = {
