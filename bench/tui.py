@@ -21,8 +21,8 @@
     same instance with nothing attached (*alone*). Each round serves every observer mode from one
     headless instance, the observers attached and detached in turn (rotated), so that what differs
     between turns is the observers, not the instance. Bars: <= 1.05x and <= 1.10x. The attached
-    console toggles a connection once a second (so the stream carries events and rows) and reports how long each change took
-    to reach its mirror; bar: <= 0.5 s. Its p99 is compared with the headless proxy's under the
+    console toggles a connection once a second (so the stream carries events and rows) and reports
+    how long each change took to reach its mirror; bar: <= 0.5 s. Its p99 is compared with the headless proxy's under the
     same toggles, sent by a plain API client (*toggled*): an operator changes things with or
     without a console, and the ratio is to say what attaching one costs. Each round also runs
     *toggled* a second time (*again*, an A/A) and the *control* (1 % of a core burnt in 0.1 ms
@@ -214,7 +214,8 @@ async def serve_child(mode: str, port: int, upstream_port: int, tab: str) -> Non
     def measure() -> None:
         stalls.lags.clear()
         stalls.collections.clear()
-        watching.append(asyncio.create_task(stalls.watch()))
+        if not watching:  # one watcher: an instance of (d) is measured once per observer turn
+            watching.append(asyncio.create_task(stalls.watch()))
 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, measure)
