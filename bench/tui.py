@@ -512,7 +512,10 @@ def observer(command: list[str]) -> list[str]:
 def start_observers(
     mode: str, port: int, tmp: Path
 ) -> tuple[list[subprocess.Popen[bytes]], list[socket.socket]]:
-    """(d): the attached console, or the followers (one of them a socket that never reads)."""
+    """(d): the attached console, or the followers (one of them a socket that never reads), or for
+    *alone* nothing."""
+    if mode == "alone":
+        return [], []
     url = f"http://127.0.0.1:{port}"
     if mode in ("toggled", "again", "control"):
         burn = ["--burn"] if mode == "control" else []
@@ -710,7 +713,7 @@ def measured_turn(
     observers: list[subprocess.Popen[bytes]] = []
     sockets: list[socket.socket] = []
     try:
-        if mode in OBSERVED and mode != "alone":
+        if mode in OBSERVED:
             observers, sockets = start_observers(mode, port, tmp)
         wrk(port, 3)  # warm-up: connections, the upstream client pool, the console's first draws
         child.send_signal(signal.SIGUSR1)
@@ -730,8 +733,8 @@ def measured_turn(
                 observer.kill()
         for sock in sockets:
             sock.close()
-    observed = tmp / f"observer-{port}.log"
     if mode == "attached":
+        observed = tmp / f"observer-{port}.log"
         found = re.search(r"CHANGES (.*)", observed.read_text())
         if found is None:
             raise RuntimeError(f"the attached console reported nothing: {observed.read_text()[-500:]}")
